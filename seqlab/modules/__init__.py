@@ -1,0 +1,1 @@
+"""Flax linen modules: own parameters and initialization, call `seqlab.ops`; no new math here."""

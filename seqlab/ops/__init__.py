@@ -1,0 +1,15 @@
+"""Pure-JAX ops: the reference oracles and the public dispatchers (`impl=...`).
+
+No `pallas_call` and no Flax here; kernels live in `seqlab.kernels` and are reached through the
+dispatchers.
+"""
+
+from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
+from seqlab.ops.norm import gated_rms_norm, rms_norm
+
+__all__ = [
+    "causal_conv1d",
+    "causal_conv1d_step",
+    "gated_rms_norm",
+    "rms_norm",
+]
