@@ -1,0 +1,1 @@
+"""Measurements on any model: Jacobian influence (`seqlab.analysis.influence`)."""

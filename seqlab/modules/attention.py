@@ -1,0 +1,146 @@
+"""Multi-head softmax attention mixer: global causal or sliding-window, RoPE, grouped-query heads.
+
+For `x: [B, T, d_model]`, `H` query heads and `HKV` key/value heads of width `D = head_dim`:
+
+    q, k, v = x W_q, x W_k, x W_v                 # [B, T, H, D], [B, T, HKV, D], [B, T, HKV, D]
+    q, k    = rms_norm(q), rms_norm(k)            # per head, only with `qk_norm`
+    q, k    = rope(q, t), rope(k, t)
+    o       = attention(q, k, v, window)          # causal; with `window = w`: t - s < w
+    out     = o W_o
+
+Decoding (`init_cache`/`step`) keeps rotated keys and values. Global attention keeps every position,
+`[B, max_len, HKV, D]`, slot `s` holding position `s`. Sliding-window attention keeps a ring buffer
+of `min(window, max_len)` slots (memory O(window), not O(max_len)) and the absolute
+position of each slot for the mask (unwritten slots hold a position no query reaches). Both caches
+write position `p` to slot `p % slots`; decoding past `max_len` tokens therefore keeps only the last
+`max_len` keys (global attention then behaves as a window of `max_len`).
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from seqlab.modules.norm import RMSNorm
+from seqlab.ops._checks import check_positive_int, check_shape
+from seqlab.ops.attention import attention, rope
+
+# Position of a cache slot that has never been written: above every query position, so masked.
+_UNWRITTEN = jnp.iinfo(jnp.int32).max
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention (sliding-window when `window` is set) with rotary embeddings.
+
+    `__call__(x: [B, T, d_model]) -> [B, T, d_model]`; `init_cache(batch_size, max_len)`;
+    `step(x_t: [B, d_model], cache) -> (y_t, cache)`, equal to `__call__` token by token.
+    """
+
+    d_model: int
+    num_heads: int
+    num_kv_heads: int | None = None  # None: num_heads (multi-head); fewer: grouped-query
+    head_dim: int | None = None  # None: d_model // num_heads
+    window: int | None = None  # None: global causal; w: each query sees itself and w - 1 keys
+    rope_theta: float = 10000.0
+    qk_norm: bool = False
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
+    def setup(self):
+        check_positive_int("d_model", self.d_model)
+        check_positive_int("num_heads", self.num_heads)
+        check_positive_int("num_kv_heads", self.kv_heads)
+        check_positive_int("head_dim", self.head_size)
+        if self.num_heads % self.kv_heads:
+            raise ValueError(
+                f"num_kv_heads must divide num_heads = {self.num_heads}, got {self.kv_heads}"
+            )
+        if self.head_size % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_size}")
+        if self.window is not None:
+            check_positive_int("window", self.window)
+
+        def dense(features: int, name: str) -> nn.Dense:
+            return nn.Dense(
+                features,
+                use_bias=False,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                name=name,
+            )
+
+        self.q_proj = dense(self.num_heads * self.head_size, "q_proj")
+        self.k_proj = dense(self.kv_heads * self.head_size, "k_proj")
+        self.v_proj = dense(self.kv_heads * self.head_size, "v_proj")
+        self.o_proj = dense(self.d_model, "o_proj")
+        if self.qk_norm:
+            self.q_norm = RMSNorm(param_dtype=self.param_dtype)
+            self.k_norm = RMSNorm(param_dtype=self.param_dtype)
+
+    def _qkv(self, x: jax.Array, positions: jax.Array):
+        """Project `x: [B, T, d_model]` to rotated `q: [B, T, H, D]` and `k, v: [B, T, HKV, D]`."""
+        batch, length, _ = x.shape
+        q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_size)
+        k = self.k_proj(x).reshape(batch, length, self.kv_heads, self.head_size)
+        v = self.v_proj(x).reshape(batch, length, self.kv_heads, self.head_size)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rope(q, positions, theta=self.rope_theta)
+        k = rope(k, positions, theta=self.rope_theta)
+        return q, k, v
+
+    def _out(self, o: jax.Array) -> jax.Array:
+        """`o: [B, T, H, D]` -> `[B, T, d_model]`."""
+        return self.o_proj(o.reshape(*o.shape[:2], self.num_heads * self.head_size))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """`x: [B, T, d_model]` -> `[B, T, d_model]`."""
+        check_shape("x", x, (None, None, self.d_model), "[B, T, d_model]")
+        positions = jnp.arange(x.shape[1], dtype=jnp.int32)
+        q, k, v = self._qkv(x, positions)
+        o = attention(q, k, v, q_positions=positions, k_positions=positions, window=self.window)
+        return self._out(o)
+
+    def init_cache(self, batch_size: int, max_len: int) -> dict:
+        """Empty decoding cache for `batch_size` sequences of up to `max_len` tokens.
+
+        `{"k", "v": [B, slots, HKV, D] in dtype, "slot_pos": [slots] int32, "pos": int32}` with
+        `slots = max_len` (global) or `min(window, max_len)` (sliding window).
+        """
+        check_positive_int("batch_size", batch_size)
+        check_positive_int("max_len", max_len)
+        if self.window is None:
+            slots = max_len
+            slot_pos = jnp.arange(max_len, dtype=jnp.int32)  # slot s holds position s
+        else:
+            slots = min(self.window, max_len)
+            slot_pos = jnp.full((slots,), _UNWRITTEN, jnp.int32)
+        shape = (batch_size, slots, self.kv_heads, self.head_size)
+        return {
+            "k": jnp.zeros(shape, self.dtype),
+            "v": jnp.zeros(shape, self.dtype),
+            "slot_pos": slot_pos,
+            "pos": jnp.zeros((), jnp.int32),
+        }
+
+    def step(self, x_t: jax.Array, cache: dict):
+        """One decoding step: `x_t: [B, d_model]` -> (`y_t: [B, d_model]`, updated cache)."""
+        check_shape("x_t", x_t, (None, self.d_model), "[B, d_model]")
+        pos = cache["pos"]
+        q, k, v = self._qkv(x_t[:, None], pos[None])  # [B, 1, H or HKV, D]
+        slot = pos % cache["k"].shape[1]
+        new_k = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), slot, 1)
+        new_v = jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), slot, 1)
+        slot_pos = cache["slot_pos"].at[slot].set(pos)
+        o = attention(
+            q, new_k, new_v, q_positions=pos[None], k_positions=slot_pos, window=self.window
+        )
+        new_cache = {"k": new_k, "v": new_v, "slot_pos": slot_pos, "pos": pos + 1}
+        return self._out(o)[:, 0], new_cache

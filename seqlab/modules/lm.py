@@ -1,0 +1,265 @@
+"""A hybrid language model: embedding, one residual block per pattern character, tied head; presets.
+
+`pattern` spells the stack, one character per block:
+
+    'm'  Mamba (Mamba-1)          'a'  global causal attention
+    '2'  Mamba-2                  's'  sliding-window attention (window from `attention`)
+    'g'  Gated DeltaNet
+
+Every block is `Block(mixer, mlp)`: `x + mixer(RMSNorm(x))`, then `x + SwiGLU(RMSNorm(x))` when
+`d_ff` is set. The head is tied to the embedding: `logits = RMSNorm(h) @ E^T`, in float32 (float64
+for a float64 model).
+
+`python -m seqlab.modules.lm` prints the parameter count of every preset (shapes only, no
+allocation).
+"""
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax.core import FrozenDict
+
+from seqlab.modules.attention import Attention
+from seqlab.modules.block import Block
+from seqlab.modules.gated_deltanet import GatedDeltaNet
+from seqlab.modules.mamba import Mamba
+from seqlab.modules.mamba2 import Mamba2
+from seqlab.modules.mlp import SwiGLU
+from seqlab.modules.norm import RMSNorm
+from seqlab.ops._checks import check_positive_int, check_shape
+
+MIXERS = {
+    "m": "Mamba",
+    "2": "Mamba2",
+    "g": "GatedDeltaNet",
+    "a": "global causal Attention",
+    "s": "sliding-window Attention",
+}
+
+
+class LanguageModel(nn.Module):
+    """Token model over a stack of mixers given by `pattern` (see the module docstring).
+
+    `__call__(tokens: [B, T] int) -> logits [B, T, vocab_size]`, the same as
+    `logits_from_embeddings(embed(tokens))`; `init_cache(batch_size, max_len)` -> a tuple of
+    per-block caches; `step(tokens_t: [B] int, cache) -> (logits_t [B, vocab_size],
+    cache)`, equal to `__call__` token by token.
+
+    Attributes:
+      vocab_size: number of tokens.
+      d_model: model width.
+      pattern: one character per block from `MIXERS`.
+      d_ff: hidden width of the SwiGLU MLP of every block, or None for blocks without MLP.
+      mamba, mamba2, gdn: keyword arguments of `Mamba`, `Mamba2`, `GatedDeltaNet`.
+      attention: keyword arguments of `Attention` for 'a' and 's' blocks (`num_heads` required;
+        'a' blocks ignore `window`, 's' blocks require it).
+      norm_eps: epsilon of the block norms and the final norm.
+      dtype: compute dtype of every layer; param_dtype: parameter dtype.
+    """
+
+    vocab_size: int
+    d_model: int
+    pattern: str
+    d_ff: int | None = None
+    mamba: Mapping[str, Any] = FrozenDict()
+    mamba2: Mapping[str, Any] = FrozenDict()
+    gdn: Mapping[str, Any] = FrozenDict()
+    attention: Mapping[str, Any] = FrozenDict()
+    norm_eps: float = 1e-5
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    def __post_init__(self):
+        check_positive_int("vocab_size", self.vocab_size)
+        check_positive_int("d_model", self.d_model)
+        if self.d_ff is not None:
+            check_positive_int("d_ff", self.d_ff)
+        if not isinstance(self.pattern, str) or not self.pattern:
+            raise ValueError(f"pattern must be a non-empty string over {list(MIXERS)}")
+        unknown = sorted(set(self.pattern) - set(MIXERS))
+        if unknown:
+            raise ValueError(f"pattern has unknown characters {unknown}; known: {MIXERS}")
+        if set(self.pattern) & {"a", "s"} and "num_heads" not in self.attention:
+            raise ValueError("attention must set num_heads when pattern has 'a' or 's' blocks")
+        if "s" in self.pattern and self.attention.get("window") is None:
+            raise ValueError("attention must set window when pattern has 's' blocks")
+        super().__post_init__()
+
+    def _mixer(self, kind: str) -> nn.Module:
+        """The unbound mixer of a pattern character (its `Block` adopts it)."""
+        common = dict(d_model=self.d_model, dtype=self.dtype, param_dtype=self.param_dtype)
+        if kind == "m":
+            return Mamba(**self.mamba, **common, parent=None)
+        if kind == "2":
+            return Mamba2(**self.mamba2, **common, parent=None)
+        if kind == "g":
+            return GatedDeltaNet(**self.gdn, **common, parent=None)
+        window = None if kind == "a" else self.attention["window"]
+        return Attention(**{**self.attention, "window": window}, **common, parent=None)
+
+    def _mlp(self) -> nn.Module | None:
+        """An unbound SwiGLU MLP when `d_ff` is set."""
+        if self.d_ff is None:
+            return None
+        return SwiGLU(self.d_model, self.d_ff, self.dtype, self.param_dtype, parent=None)
+
+    def setup(self):
+        self.embed = nn.Embed(
+            self.vocab_size,
+            self.d_model,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            embedding_init=nn.initializers.normal(0.02),
+        )
+        self.blocks = [
+            Block(mixer=self._mixer(kind), mlp=self._mlp(), norm_eps=self.norm_eps)
+            for kind in self.pattern
+        ]
+        self.norm = RMSNorm(eps=self.norm_eps, param_dtype=self.param_dtype)
+
+    def _logits(self, h: jax.Array) -> jax.Array:
+        """Tied head: `RMSNorm(h) @ E^T` in float32 (float64 for a float64 model)."""
+        acc = jnp.promote_types(self.dtype, jnp.float32)
+        return self.norm(h).astype(acc) @ self.embed.embedding.astype(acc).T
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """`tokens: [B, T]` int -> logits `[B, T, vocab_size]`."""
+        _check_tokens("tokens", tokens, (None, None), "[B, T]")
+        return self.logits_from_embeddings(self.embed(tokens))
+
+    def logits_from_embeddings(self, h: jax.Array) -> jax.Array:
+        """The model after its embedding: `h: [B, T, d_model]` -> logits `[B, T, vocab_size]`
+        (differentiable in `h`, for influence measurements)."""
+        check_shape("h", h, (None, None, self.d_model), "[B, T, d_model]")
+        for block in self.blocks:
+            h = block(h)
+        return self._logits(h)
+
+    def init_cache(self, batch_size: int, max_len: int) -> tuple:
+        """Zero decoding cache: one mixer cache per block."""
+        return tuple(block.init_cache(batch_size, max_len) for block in self.blocks)
+
+    def step(self, tokens_t: jax.Array, cache: tuple) -> tuple[jax.Array, tuple]:
+        """One decoding step: `tokens_t: [B]` int -> (logits `[B, vocab_size]`, new cache)."""
+        _check_tokens("tokens_t", tokens_t, (None,), "[B]")
+        if len(cache) != len(self.blocks):
+            raise ValueError(f"cache must hold {len(self.blocks)} block caches, got {len(cache)}")
+        h = self.embed(tokens_t)
+        new_cache = []
+        for block, block_cache in zip(self.blocks, cache, strict=True):
+            h, block_cache = block.step(h, block_cache)
+            new_cache.append(block_cache)
+        return self._logits(h), tuple(new_cache)
+
+
+def _check_tokens(name: str, tokens, expected: tuple, layout: str) -> None:
+    if not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
+        raise ValueError(f"{name} must be an integer array, got dtype {jnp.result_type(tokens)}")
+    check_shape(name, tokens, expected, layout)
+
+
+def count_params(model: LanguageModel) -> int:
+    """Number of parameters of `model`, from shapes only (`jax.eval_shape`, nothing allocated)."""
+    tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), tokens)
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes["params"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets
+#
+# Gated DeltaNet paper configurations (Yang, Kautz, Hatamizadeh, arXiv 2412.06464), read from the
+# authors' code, NVlabs/GatedDeltaNet lit_gpt/config.py (commit 5ddd1e4). Common: vocab 32000, a
+# SwiGLU MLP in every block, RMSNorm eps 1e-5, tied embeddings, sliding-window attention with window
+# 2048 and 128-wide multi-head attention heads, RoPE theta 10000 on the full head.
+#   GatedDeltaNet_0.4B:    11 layers, width 1536, MLP 6144, all Gated DeltaNet.
+#   GatedDeltaNet_H1_0.4B: 12 layers, width 1536, MLP 6144, 12 heads, GDN/SWA alternating.
+#   GatedDeltaNet_1.3B:    16 layers, width 2400, MLP 5888, all Gated DeltaNet.
+#   GatedDeltaNet_H1_1.3B: 18 layers, width 2304, MLP 6144, 18 heads, GDN/SWA alternating.
+# Their Gated DeltaNet layer (lit_gpt/gated_delta_net.py) is built with its defaults: 9 heads, key
+# width 0.75 d_model, value width 1.5 d_model, i.e. `head_dim = d_model / 12`, `expand_v = 2`.
+# As built, the "0.4B" configurations hold 0.52-0.54B parameters (the paper's text says 400M for
+# them, its Table S.2 "500M" for the hybrids), the 1.3B ones 1.31-1.35B.
+# H2 is "Mamba2 + Gated DeltaNet + SWA" in that order (paper, Fig. 1 and Table S.2) but has no
+# configuration in the repository: its presets are reconstructed from H1's width, depth, heads and
+# MLP with Mamba-2's defaults (d_state 128, head_dim 64, expand 2).
+
+_PAPER = dict(vocab_size=32000, norm_eps=1e-5)
+
+
+def _gdn(d_model: int) -> dict:
+    return {"num_heads": 9, "head_dim": d_model // 12, "expand_v": 2}
+
+
+_TINY_ATTENTION = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "window": 4}
+_TINY_MAMBA2 = {"d_state": 8, "head_dim": 16, "chunk_size": 4}
+_TINY_GDN = {"num_heads": 2, "head_dim": 8, "chunk_size": 4}
+_TINY = dict(vocab_size=61, d_model=32, norm_eps=1e-5)
+
+PRESETS: dict[str, dict] = {
+    "gdn-0.4b": dict(**_PAPER, d_model=1536, pattern="g" * 11, d_ff=6144, gdn=_gdn(1536)),
+    "gdn-h1-0.4b": dict(
+        **_PAPER,
+        d_model=1536,
+        pattern="gs" * 6,
+        d_ff=6144,
+        gdn=_gdn(1536),
+        attention={"num_heads": 12, "window": 2048},
+    ),
+    "gdn-h2-0.4b": dict(
+        **_PAPER,
+        d_model=1536,
+        pattern="2gs" * 4,
+        d_ff=6144,
+        gdn=_gdn(1536),
+        attention={"num_heads": 12, "window": 2048},
+    ),
+    "gdn-1.3b": dict(**_PAPER, d_model=2400, pattern="g" * 16, d_ff=5888, gdn=_gdn(2400)),
+    "gdn-h1-1.3b": dict(
+        **_PAPER,
+        d_model=2304,
+        pattern="gs" * 9,
+        d_ff=6144,
+        gdn=_gdn(2304),
+        attention={"num_heads": 18, "window": 2048},
+    ),
+    "gdn-h2-1.3b": dict(
+        **_PAPER,
+        d_model=2304,
+        pattern="2gs" * 6,
+        d_ff=6144,
+        gdn=_gdn(2304),
+        attention={"num_heads": 18, "window": 2048},
+    ),
+    # Tiny models for tests, one per pattern family (one block per pure family, to compile fast).
+    "tiny-mamba": dict(**_TINY, pattern="m", mamba={"d_state": 4}),
+    "tiny-polar-mamba": dict(**_TINY, pattern="m", mamba={"d_state": 4, "polarize": (1, 1)}),
+    "tiny-mamba2": dict(**_TINY, pattern="2", d_ff=48, mamba2=_TINY_MAMBA2),
+    "tiny-gdn": dict(**_TINY, pattern="g", d_ff=48, gdn=_TINY_GDN),
+    "tiny-attention": dict(**_TINY, pattern="as", d_ff=48, attention=_TINY_ATTENTION),
+    "tiny-h1": dict(**_TINY, pattern="gs", d_ff=48, gdn=_TINY_GDN, attention=_TINY_ATTENTION),
+    "tiny-h2": dict(
+        **_TINY,
+        pattern="2gs",
+        d_ff=48,
+        mamba2=_TINY_MAMBA2,
+        gdn=_TINY_GDN,
+        attention=_TINY_ATTENTION,
+    ),
+}
+
+
+def preset(name: str, **overrides) -> LanguageModel:
+    """The `LanguageModel` of a preset in `PRESETS`, with keyword overrides of its fields."""
+    if name not in PRESETS:
+        raise ValueError(f"name must be one of {sorted(PRESETS)}, got {name!r}")
+    return LanguageModel(**{**PRESETS[name], **overrides})
+
+
+if __name__ == "__main__":
+    for preset_name in PRESETS:
+        print(f"{preset_name:18s} {count_params(preset(preset_name)):>15,d}")

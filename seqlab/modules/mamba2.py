@@ -1,0 +1,249 @@
+"""Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs"): the SSD layer of `mamba_ssm`.
+
+For `x: [B, T, d_model]`, with `d_inner = expand * d_model`, `H = d_inner / head_dim` heads of width
+`P = head_dim`, `G = n_groups` groups of state width `N = d_state`:
+
+    z, xBC, dt  = split(in_proj(x))                     # [d_inner], [d_inner + 2 G N], [H]
+    x, B, C     = split(silu(causal_conv1d(xBC)))       # [H, P], [G, N], [G, N]
+    dt          = softplus(dt + dt_bias)                # [H], per head
+    A           = -exp(A_log)                           # [H], per head
+    S_t         = exp(dt_t A) S_{t-1} + B_t (dt_t x_t)^T    # [N, P] per head; G groups share B, C
+    y_t         = S_t^T C_t + D x_t
+    out         = out_proj(norm(y, z))
+
+The recurrence is `seqlab.ops.ssd` with `q = C`, `k = B`, `v = dt * x`, `g = dt * A`. The output
+norm follows `mamba_ssm`: an RMSNorm over each of the `G` groups of `d_inner / G` channels, gated by
+`silu(z)`, by default applied after the gate (`norm_before_gate=False`:
+`rms_norm(y * silu(z))`); `norm_before_gate=True` gives `rms_norm(y) * silu(z)`.
+
+Initialization follows `mamba_ssm.modules.mamba2.Mamba2` (`A ~ U(1, 16]`, `dt` log-uniform in
+`[dt_min, dt_max]` floored at `dt_init_floor` and stored as `dt_bias = softplus^{-1}(dt)`, `D = 1`,
+depthwise conv `U(-1/sqrt(W), 1/sqrt(W))` as PyTorch's default, conv bias on, projections without
+bias). The projections use Flax's default (LeCun normal) initializer rather than PyTorch's uniform.
+
+`init_cache`/`step` decode one token at a time from a cache holding the last `W - 1` conv inputs and
+the state `[B, H, N, P]` in float32 (float64 for float64 compute).
+"""
+
+import math
+from functools import partial
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from seqlab.ops._checks import check_floating, check_positive_int, check_shape
+from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
+from seqlab.ops.norm import gated_rms_norm, rms_norm
+from seqlab.ops.ssd import ssd, ssd_step
+
+
+def a_log_init(low: float, high: float):
+    """Initializer of `A_log = log(A)` with `A ~ U(low, high]` (sampled as `high - (high-low) u`,
+    `u ~ U[0, 1)`, so `low = 0` never gives `log(0)`)."""
+
+    def init(key, shape, dtype=jnp.float32):
+        u = jax.random.uniform(key, shape, dtype)
+        return jnp.log(high - (high - low) * u)
+
+    return init
+
+
+def dt_bias_init(dt_min: float, dt_max: float, floor: float):
+    """Initializer of `dt_bias = softplus^{-1}(dt)`, `dt` log-uniform in `[dt_min, dt_max]` and at
+    least `floor` (Mamba-2; also Gated DeltaNet's gate)."""
+
+    def init(key, shape, dtype=jnp.float32):
+        u = jax.random.uniform(key, shape, dtype)
+        dt = jnp.exp(math.log(dt_min) + u * (math.log(dt_max) - math.log(dt_min)))
+        dt = jnp.maximum(dt, floor)
+        # softplus^{-1}(dt) = log(exp(dt) - 1) = dt + log(1 - exp(-dt)), stable for small dt.
+        return dt + jnp.log(-jnp.expm1(-dt))
+
+    return init
+
+
+def conv_kernel_init(width: int):
+    """PyTorch's default for a depthwise `Conv1d` (fan-in `width`): `U(-1/sqrt(W), 1/sqrt(W))`."""
+    bound = width**-0.5
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+class Mamba2(nn.Module):
+    """Mamba-2 mixer: `[B, T, d_model] -> [B, T, d_model]` (see the module docstring).
+
+    Attributes:
+      d_model: model width.
+      d_state: state width `N` per group (`mamba_ssm` default 128).
+      head_dim: head width `P` (default 64); `expand * d_model` must be a multiple of it.
+      expand: `d_inner = expand * d_model`.
+      n_groups: groups `G` sharing `B` and `C` (and normalized together); divides the heads.
+      conv_size: width `W` of the causal depthwise convolution over `(x, B, C)`.
+      chunk_size: chunk length of the chunked SSD (forwarded to `seqlab.ops.ssd`).
+      impl: implementation of `seqlab.ops.ssd` (None: auto). Decoding always uses `ssd_step`.
+      dt_min, dt_max, dt_init_floor: range of the initial step size `softplus(dt_bias)`.
+      A_init_range: range `(low, high]` of the initial decay rates `A = exp(A_log)`.
+      norm_eps: epsilon of the output RMSNorm (1e-5 as `mamba_ssm`).
+      norm_before_gate: `rms_norm(y) * silu(z)` instead of `mamba_ssm`'s `rms_norm(y * silu(z))`.
+      dtype: compute dtype; states and gates accumulate in `promote_types(dtype, float32)`.
+      param_dtype: parameter dtype.
+    """
+
+    d_model: int
+    d_state: int = 128
+    head_dim: int = 64
+    expand: int = 2
+    n_groups: int = 1
+    conv_size: int = 4
+    chunk_size: int = 64
+    impl: str | None = None
+    dt_min: float = 1e-3
+    dt_max: float = 1e-1
+    dt_init_floor: float = 1e-4
+    A_init_range: tuple[float, float] = (1.0, 16.0)
+    norm_eps: float = 1e-5
+    norm_before_gate: bool = False
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @property
+    def num_heads(self) -> int:
+        return self.d_inner // self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: `x`, `B` and `C`."""
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+    def _check_fields(self) -> None:
+        for name in ("d_model", "d_state", "head_dim", "expand", "n_groups", "conv_size"):
+            check_positive_int(name, getattr(self, name))
+        check_positive_int("chunk_size", self.chunk_size)
+        if self.d_inner % self.head_dim:
+            raise ValueError(
+                f"head_dim must divide d_inner = expand * d_model = {self.d_inner}, "
+                f"got head_dim={self.head_dim}"
+            )
+        if self.num_heads % self.n_groups:
+            raise ValueError(
+                f"n_groups must divide the number of heads {self.num_heads}, "
+                f"got n_groups={self.n_groups}"
+            )
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ValueError(
+                "dt_min, dt_max must satisfy 0 < dt_min <= dt_max, "
+                f"got dt_min={self.dt_min}, dt_max={self.dt_max}"
+            )
+        if self.dt_init_floor < 0:
+            raise ValueError(f"dt_init_floor must be >= 0, got {self.dt_init_floor}")
+        low, high = self.A_init_range
+        if not 0 <= low < high:
+            raise ValueError(
+                f"A_init_range must be (low, high) with 0 <= low < high, got {low, high}"
+            )
+
+    def setup(self):
+        self._check_fields()
+        heads, pd = self.num_heads, self.param_dtype
+        dense = partial(nn.Dense, use_bias=False, dtype=self.dtype, param_dtype=pd)
+        self.in_proj = dense(2 * self.d_inner + 2 * self.n_groups * self.d_state + heads)
+        kernel_init = conv_kernel_init(self.conv_size)
+        self.conv_weight = self.param(
+            "conv_weight", kernel_init, (self.conv_size, self.conv_dim), pd
+        )
+        self.conv_bias = self.param("conv_bias", kernel_init, (self.conv_dim,), pd)
+        dt_init = dt_bias_init(self.dt_min, self.dt_max, self.dt_init_floor)
+        self.dt_bias = self.param("dt_bias", dt_init, (heads,), pd)
+        self.A_log = self.param("A_log", a_log_init(*self.A_init_range), (heads,), pd)
+        self.D = self.param("D", nn.initializers.ones, (heads,), pd)
+        self.norm_weight = self.param("norm_weight", nn.initializers.ones, (self.d_inner,), pd)
+        self.out_proj = dense(self.d_model)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """`x: [B, T, d_model]` -> `[B, T, d_model]` in `dtype`."""
+        check_floating("x", x)
+        check_shape("x", x, (None, None, self.d_model), "[B, T, d_model]")
+        z, xbc, dt = self._split(self.in_proj(x))
+        xbc = jax.nn.silu(causal_conv1d(xbc, self.conv_weight, self.conv_bias))
+        x_heads, q, k, v, g = self._ssm_inputs(xbc, dt)
+        o, _ = ssd(q, k, v, g, chunk_size=self.chunk_size, impl=self.impl)
+        return self._output(o, x_heads, z)
+
+    def init_cache(self, batch_size: int, max_len: int) -> dict:
+        """Zero decoding cache for `batch_size` sequences; `max_len` is unused (the cache of a
+        recurrent mixer does not grow).
+
+        Returns `{"conv": [B, W - 1, d_inner + 2 G N] in dtype, "state": [B, H, N, P]}`, the state
+        in float32 (float64 for float64 compute).
+        """
+        self._check_fields()
+        check_positive_int("batch_size", batch_size)
+        check_positive_int("max_len", max_len)
+        acc = jnp.promote_types(self.dtype, jnp.float32)
+        return {
+            "conv": jnp.zeros((batch_size, self.conv_size - 1, self.conv_dim), self.dtype),
+            "state": jnp.zeros((batch_size, self.num_heads, self.d_state, self.head_dim), acc),
+        }
+
+    def step(self, x_t: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+        """One decoding step: `x_t: [B, d_model]` -> `(y_t: [B, d_model], new_cache)`."""
+        check_floating("x_t", x_t)
+        check_shape("x_t", x_t, (None, self.d_model), "[B, d_model]")
+        z, xbc, dt = self._split(self.in_proj(x_t))
+        xbc, conv = causal_conv1d_step(xbc, cache["conv"], self.conv_weight, self.conv_bias)
+        x_heads, q, k, v, g = self._ssm_inputs(jax.nn.silu(xbc), dt)
+        o, state = ssd_step(q, k, v, g, cache["state"])
+        return self._output(o, x_heads, z), {"conv": conv, "state": state}
+
+    def _split(self, zxbcdt: jax.Array):
+        """`[..., 2 d_inner + 2 G N + H]` -> `z: [..., d_inner]`, `xBC: [..., conv_dim]`,
+        `dt: [..., H]`."""
+        return jnp.split(zxbcdt, [self.d_inner, self.d_inner + self.conv_dim], axis=-1)
+
+    def _ssm_inputs(self, xbc: jax.Array, dt: jax.Array):
+        """Heads and SSD operands from the convolved `xBC: [..., conv_dim]` and raw `dt: [..., H]`.
+
+        Returns `x: [..., H, P]` and the `ssd` operands `q = C, k = B: [..., G, N]`,
+        `v = dt x: [..., H, P]`, `g = dt A: [..., H]` (`g` in the accumulation dtype).
+        """
+        lead = xbc.shape[:-1]
+        gn = self.n_groups * self.d_state
+        x, b, c = jnp.split(xbc, [self.d_inner, self.d_inner + gn], axis=-1)
+        x = x.reshape(*lead, self.num_heads, self.head_dim)
+        b = b.reshape(*lead, self.n_groups, self.d_state)
+        c = c.reshape(*lead, self.n_groups, self.d_state)
+        acc = jnp.promote_types(self.dtype, jnp.float32)
+        dt = jax.nn.softplus(dt.astype(acc) + self.dt_bias.astype(acc))
+        g = -jnp.exp(self.A_log.astype(acc)) * dt
+        v = (x.astype(acc) * dt[..., None]).astype(self.dtype)
+        return x, c, b, v, g
+
+    def _output(self, o: jax.Array, x: jax.Array, z: jax.Array) -> jax.Array:
+        """`out_proj(norm(o + D x, z))` for `o, x: [..., H, P]`, `z: [..., d_inner]`."""
+        acc = jnp.promote_types(self.dtype, jnp.float32)
+        y = o.astype(acc) + self.D.astype(acc)[:, None] * x.astype(acc)
+        y = y.reshape(*y.shape[:-2], self.d_inner)
+        return self.out_proj(self._gated_norm(y, z.astype(acc)).astype(self.dtype))
+
+    def _gated_norm(self, y: jax.Array, z: jax.Array) -> jax.Array:
+        """RMSNorm over each of the `G` channel groups of `y: [..., d_inner]`, gated by silu(z)."""
+
+        def groups(a):
+            return a.reshape(*a.shape[:-1], self.n_groups, self.d_inner // self.n_groups)
+
+        weight = groups(self.norm_weight)  # [G, d_inner / G]
+        if self.norm_before_gate:
+            norm = jax.vmap(partial(gated_rms_norm, eps=self.norm_eps), (-2, -2, 0), -2)
+            out = norm(groups(y), groups(z), weight)
+        else:
+            norm = jax.vmap(partial(rms_norm, eps=self.norm_eps), (-2, 0), -2)
+            out = norm(groups(y * jax.nn.silu(z)), weight)
+        return out.reshape(y.shape)

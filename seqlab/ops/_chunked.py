@@ -1,0 +1,241 @@
+"""Machinery shared by the gated linear recurrences `gated_delta_rule` and `ssd`.
+
+Both ops run, per value head, a state `S: [K, V]` through
+
+    S_t = exp(g_t) S_{t-1} + k_t u_t^T,        o_t = S_t^T q_t,
+
+with `u_t = v_t` for SSD and `u_t = beta_t (v_t - (exp(g_t) S_{t-1})^T k_t)` for the gated delta
+rule. This module holds what the two share: argument validation, grouped heads, packed-segment
+indices, the token-by-token scan of the references, and the pieces of the chunked form (padding,
+masked chunk-local decays, the state-passing scan over chunks and the output assembly).
+
+Shapes: `q, k: [B, T, H, K]`, `v: [B, T, HV, V]`, `g: [B, T, HV]`, chunked tensors
+`[B, N, C, ...]` with `N = ceil(T / C)` chunks of `C` tokens.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from seqlab.ops._checks import check_choice, check_floating, check_positive_int, check_shape
+
+IMPLS = (None, "recurrent", "chunked", "pallas_tpu", "pallas_gpu", "pallas")
+PALLAS_IMPLS = ("pallas_tpu", "pallas_gpu", "pallas")
+
+# The XLA paths are the oracles (and the fallback on accelerators until the kernels land): keep
+# float32 matmuls in full float32 on TPU too.
+einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
+
+
+def accumulation_dtype(*xs) -> jnp.dtype:
+    """float32, or float64 when an input is float64: the dtype of states, gates and solves."""
+    return jnp.promote_types(jnp.result_type(*xs), jnp.float32)
+
+
+def validate(q, k, v, g, *, beta=None, initial_state=None, segment_ids=None, chunk_size=None):
+    """Check the shared arguments; returns `(B, T, H, K, HV, V)`.
+
+    Raises `ValueError` naming the argument and its expected layout.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if x is not None:
+            check_floating(name, x)
+    check_shape("q", q, (None, None, None, None), "[B, T, H, K]")
+    b, t, h, dk = q.shape
+    check_shape("k", k, (b, t, h, dk), "[B, T, H, K]")
+    check_shape("v", v, (b, t, None, None), "[B, T, HV, V]")
+    hv, dv = v.shape[2], v.shape[3]
+    if hv % h:
+        raise ValueError(
+            f"v must have shape [B, T, HV, V] with HV a multiple of the H = {h} heads of q and k,"
+            f" got {v.shape}"
+        )
+    check_shape("g", g, (b, t, hv), "[B, T, HV]")
+    if beta is not None:
+        check_shape("beta", beta, (b, t, hv), "[B, T, HV]")
+    if initial_state is not None:
+        check_floating("initial_state", initial_state)
+        check_shape("initial_state", initial_state, (b, hv, dk, dv), "[B, HV, K, V]")
+    if segment_ids is not None:
+        check_shape("segment_ids", segment_ids, (b, t), "[B, T]")
+        if not jnp.issubdtype(jnp.result_type(segment_ids), jnp.integer):
+            raise ValueError(
+                f"segment_ids must be an integer array [B, T], got dtype"
+                f" {jnp.result_type(segment_ids)}"
+            )
+    if chunk_size is not None:
+        check_positive_int("chunk_size", chunk_size)
+    return b, t, h, dk, hv, dv
+
+
+def validate_step(q_t, k_t, v_t, g_t, state, *, beta_t=None):
+    """Check the arguments of a decoding step; returns `(B, H, K, HV, V)`."""
+    for name, x in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t), ("g_t", g_t), ("beta_t", beta_t)):
+        if x is not None:
+            check_floating(name, x)
+    check_shape("q_t", q_t, (None, None, None), "[B, H, K]")
+    b, h, dk = q_t.shape
+    check_shape("k_t", k_t, (b, h, dk), "[B, H, K]")
+    check_shape("v_t", v_t, (b, None, None), "[B, HV, V]")
+    hv, dv = v_t.shape[1], v_t.shape[2]
+    if hv % h:
+        raise ValueError(
+            f"v_t must have shape [B, HV, V] with HV a multiple of the H = {h} heads of q_t and"
+            f" k_t, got {v_t.shape}"
+        )
+    check_shape("g_t", g_t, (b, hv), "[B, HV]")
+    if beta_t is not None:
+        check_shape("beta_t", beta_t, (b, hv), "[B, HV]")
+    check_floating("state", state)
+    check_shape("state", state, (b, hv, dk, dv), "[B, HV, K, V]")
+    return b, h, dk, hv, dv
+
+
+def check_impl(impl) -> str:
+    """Resolve `impl`; the Pallas kernels are a later issue and raise `NotImplementedError`."""
+    check_choice("impl", impl, IMPLS)
+    if impl in PALLAS_IMPLS:
+        raise NotImplementedError(
+            f"impl={impl!r}: the Pallas kernels are not implemented yet; use impl='chunked' or"
+            " impl='recurrent' (impl=None picks 'chunked' on every platform for now)"
+        )
+    return "chunked" if impl is None else impl
+
+
+def expand_heads(x: jax.Array, groups: int, axis: int = 2) -> jax.Array:
+    """Repeat q/k heads so head `h` serves value heads `h * G .. h * G + G - 1`."""
+    return x if groups == 1 else jnp.repeat(x, groups, axis=axis)
+
+
+def segment_index(segment_ids: jax.Array | None, batch: int, length: int) -> jax.Array:
+    """Monotone segment index `[B, T]` int32: 0 at t = 0, +1 at every change of id along t."""
+    if segment_ids is None:
+        return jnp.zeros((batch, length), jnp.int32)
+    change = (segment_ids[:, 1:] != segment_ids[:, :-1]).astype(jnp.int32)
+    return jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), jnp.cumsum(change, axis=1)], axis=1)
+
+
+def scan_tokens(step, state: jax.Array, xs):
+    """`lax.scan` of `step(state, x_t) -> (state, o_t)` over axis 1 of every leaf of `xs`.
+
+    Returns `(final_state, o)` with `o` stacked back on axis 1.
+    """
+    xs_time_major = jax.tree.map(lambda x: jnp.moveaxis(x, 1, 0), xs)
+    state, o = jax.lax.scan(step, state, xs_time_major)
+    return state, jnp.moveaxis(o, 0, 1)
+
+
+def resets(seg: jax.Array) -> jax.Array:
+    """`[B, T]` bool: the state restarts before token t (never at t = 0)."""
+    return jnp.concatenate([jnp.zeros_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+
+
+def pad_and_chunk(x: jax.Array, chunk_size: int, *, edge: bool = False) -> jax.Array:
+    """`[B, T, ...] -> [B, N, C, ...]`, padding time to `N * C` with zeros (`edge`: last value).
+
+    Zero padding makes a token inert in both recurrences: `g = 0` keeps the state, `k = 0` (and
+    `beta = 0`) writes nothing, `q = 0` reads nothing. Segment indices pad with their last value so
+    the padding continues the last segment and the final state survives it.
+    """
+    b, t = x.shape[:2]
+    n = -(-t // chunk_size)
+    pad = [(0, 0)] * x.ndim
+    pad[1] = (0, n * chunk_size - t)
+    x = jnp.pad(x, pad, mode="edge" if edge else "constant")
+    return x.reshape(b, n, chunk_size, *x.shape[2:])
+
+
+class ChunkDecays(NamedTuple):
+    """Masked decays of one chunk layout; every entry is exp of a non-positive number or 0.
+
+    intra: `[B, N, HV, C, C]`, `exp(gamma_i - gamma_j)` for `i >= j` in the same segment.
+    state_to_token: `[B, N, C, HV]`, `exp(gamma_i)` for tokens in the segment of the incoming state.
+    token_to_end: `[B, N, C, HV]`, `exp(gamma_C - gamma_j)` for tokens in the chunk's last segment.
+    state_to_end: `[B, N, HV]`, `exp(gamma_C)` when the incoming state's segment spans the chunk.
+    """
+
+    intra: jax.Array
+    state_to_token: jax.Array
+    token_to_end: jax.Array
+    state_to_end: jax.Array
+
+
+def chunk_decays(g: jax.Array, seg: jax.Array) -> ChunkDecays:
+    """Decays of the chunked form from `g: [B, N, C, HV]` and the chunked `seg: [B, N, C]`.
+
+    `gamma_i = sum_{j <= i, same segment} g_j` within each chunk: a cumulative sum that restarts
+    at every segment start, as a masked matmul, so no gradient reaches another segment's gates
+    (a plain cumsum would leak round-off there through `gamma_i - gamma_j`). Differences are masked
+    before `exp`, so no masked entry ever evaluates `exp` of a positive number (which could
+    overflow to `inf` and then give `0 * inf = nan`, also in the gradient).
+    """
+    c = g.shape[2]
+    # Segment of the state entering each chunk: that of the token before the chunk (for the first
+    # chunk, the initial state belongs to the first segment).
+    prev = jnp.concatenate([seg[:, :1, :1], seg[:, :-1, -1:]], axis=1)  # [B, N, 1]
+    in_carry = seg == prev  # [B, N, C]
+    in_last = seg == seg[:, :, -1:]
+    causal = jnp.tril(jnp.ones((c, c), bool))
+    same = (seg[:, :, :, None] == seg[:, :, None, :]) & causal  # [B, N, C_i, C_j]
+    gamma = einsum("bnij,bnjh->bnih", same.astype(g.dtype), g)  # [B, N, C, HV]
+
+    gamma_h = jnp.moveaxis(gamma, 3, 2)  # [B, N, HV, C]
+    diff = gamma_h[..., :, None] - gamma_h[..., None, :]
+    mask = same[:, :, None]
+    intra = jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0.0)), 0.0)
+
+    def masked_exp(m, x):
+        return jnp.where(m, jnp.exp(jnp.where(m, x, 0.0)), 0.0)
+
+    state_to_token = masked_exp(in_carry[..., None], gamma)
+    token_to_end = masked_exp(in_last[..., None], gamma[:, :, -1:] - gamma)
+    state_to_end = masked_exp(in_carry[:, :, -1:], gamma[:, :, -1])
+    return ChunkDecays(intra, state_to_token, token_to_end, state_to_end)
+
+
+def scan_chunk_states(state, k_end, u, w, state_to_end):
+    """Pass the state across chunks; the only sequential part of the chunked form.
+
+    Per chunk n with incoming `S_n: [B, HV, K, V]`: `v_new = u - w S_n` (`v_new = u` when `w` is
+    None) and `S_{n+1} = state_to_end S_n + k_end^T v_new`.
+
+    Args:
+      state: `[B, HV, K, V]`, entering the first chunk.
+      k_end: `[B, N, C, HV, K]`, keys decayed to the chunk end (`k * token_to_end`).
+      u: `[B, N, C, HV, V]`; w: `[B, N, C, HV, K]` or None.
+      state_to_end: `[B, N, HV]`.
+
+    Returns:
+      `(final_state, states [B, N, HV, K, V] entering each chunk, v_new [B, N, C, HV, V])`.
+      Only per-chunk states are produced or saved for the backward pass: `O(N K V)`, not `O(T K V)`.
+    """
+
+    def step(s, xs):
+        k_end_n, u_n, w_n, decay_n = xs
+        v_new = u_n if w_n is None else u_n - einsum("bchk,bhkv->bchv", w_n, s)
+        s_next = decay_n[..., None, None] * s + einsum("bchk,bchv->bhkv", k_end_n, v_new)
+        return s_next, (s, None if w_n is None else v_new)
+
+    xs = jax.tree.map(lambda x: jnp.moveaxis(x, 1, 0), (k_end, u, w, state_to_end))
+    final, (states, v_new) = jax.lax.scan(step, state, xs)
+    v_new = u if w is None else jnp.moveaxis(v_new, 0, 1)
+    return final, jnp.moveaxis(states, 0, 1), v_new
+
+
+def chunk_outputs(q, k, v_new, states, decays: ChunkDecays):
+    """`o = (q * state_to_token) S_n + ((q k^T) * intra) v_new`, all chunks at once.
+
+    q, k: `[B, N, C, HV, K]`; v_new: `[B, N, C, HV, V]`; states: `[B, N, HV, K, V]`.
+    Returns `[B, N, C, HV, V]`.
+    """
+    inter = einsum("bnchk,bnhkv->bnchv", q * decays.state_to_token[..., None], states)
+    scores = einsum("bnihk,bnjhk->bnhij", q, k) * decays.intra
+    return inter + einsum("bnhij,bnjhv->bnihv", scores, v_new)
+
+
+def unchunk(x: jax.Array, length: int) -> jax.Array:
+    """`[B, N, C, ...] -> [B, T, ...]`, dropping the padding."""
+    b, n, c = x.shape[:3]
+    return x.reshape(b, n * c, *x.shape[3:])[:, :length]

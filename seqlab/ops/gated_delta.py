@@ -1,0 +1,190 @@
+"""The gated delta rule (Gated DeltaNet; Yang, Kautz, Hatamizadeh, arXiv 2412.06464).
+
+Per value head, a state `S: [K, V]` decays, then takes a delta-rule write, then is read:
+
+    S_t = exp(g_t) S_{t-1}
+    S_t = S_t + k_t (beta_t (v_t - S_t^T k_t))^T
+    o_t = S_t^T (scale q_t)
+
+`"recurrent"` runs this token by token (the definition of correct). `"chunked"` is the WY / UT
+form: within a chunk of C tokens with chunk-local cumulative log-gate `gamma` and
+`Gamma_ij = exp(gamma_i - gamma_j)` (i >= j),
+
+    A = (I + strict_lower(diag(beta) (K K^T * Gamma)))^{-1}
+    u = A (beta v),  w = A (beta exp(gamma) k)
+    v_new = u - w S,   o = scale [(q exp(gamma)) S + ((q k^T) * Gamma) v_new]
+    S' = exp(gamma_C) S + (k exp(gamma_C - gamma))^T v_new
+
+so that only the state passing `S -> S'` is sequential (over T / C chunks).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from seqlab.ops import _chunked
+
+
+def gated_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    *,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    segment_ids: jax.Array | None = None,
+    impl: str | None = None,
+    interpret: bool = False,
+):
+    """Gated delta rule over a sequence.
+
+    Args:
+      q, k: `[B, T, H, K]`. Not normalized here (Gated DeltaNet L2-normalizes them before).
+      v: `[B, T, HV, V]` with `HV` a multiple of `H`: q/k head `h` serves value heads
+        `h * G .. h * G + G - 1`, `G = HV // H` (as `jnp.repeat(q, G, axis=2)`).
+      g: `[B, T, HV]`, the log-decay (<= 0).
+      beta: `[B, T, HV]`, the write strength (usually in (0, 1)).
+      scale: multiplies q; defaults to `K ** -0.5`.
+      initial_state: `[B, HV, K, V]`, the state before the first token of each row (zeros by
+        default); with `segment_ids` it applies to each row's first segment.
+      output_final_state: also return the state after the last token.
+      chunk_size: tokens per chunk of `"chunked"`; T need not be a multiple.
+      segment_ids: `[B, T]` int, packed documents: the state restarts from zero at every change of
+        id along t; the final state is that of each row's last segment.
+      impl: None (auto: `"chunked"` on every platform for now; on GPU/TPU it will pick the
+        platform's Pallas kernel once those land), `"recurrent"` (token-by-token `lax.scan`),
+        `"chunked"` (WY form in XLA). `"pallas_tpu"`, `"pallas_gpu"` and `"pallas"` raise
+        `NotImplementedError`: the kernels are not implemented yet.
+      interpret: Pallas interpret mode; only meaningful for the Pallas impls.
+
+    Returns:
+      `(o, final_state)`: `o: [B, T, HV, V]` in `v.dtype`; `final_state: [B, HV, K, V]` in float32
+      (float64 for float64 inputs) when `output_final_state`, else None.
+    """
+    del interpret  # Only the (not yet implemented) Pallas impls read it.
+    b, t, h, dk, hv, dv = _chunked.validate(
+        q,
+        k,
+        v,
+        g,
+        beta=beta,
+        initial_state=initial_state,
+        segment_ids=segment_ids,
+        chunk_size=chunk_size,
+    )
+    impl = _chunked.check_impl(impl)
+    acc = _chunked.accumulation_dtype(q, k, v, g, beta)
+    scale = dk**-0.5 if scale is None else scale
+    out_dtype = v.dtype
+    groups = hv // h
+    q, k = (_chunked.expand_heads(x, groups).astype(acc) for x in (q, k))
+    v, g, beta = (x.astype(acc) for x in (v, g, beta))
+    state = jnp.zeros((b, hv, dk, dv), acc) if initial_state is None else initial_state.astype(acc)
+    seg = _chunked.segment_index(segment_ids, b, t)
+    if impl == "recurrent":
+        o, final = _recurrent(q * scale, k, v, g, beta, state, seg)
+    else:
+        o, final = _chunked_form(q * scale, k, v, g, beta, state, seg, chunk_size)
+    return o.astype(out_dtype), final if output_final_state else None
+
+
+def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale: float | None = None):
+    """One decoding step of `gated_delta_rule`.
+
+    Args:
+      q_t, k_t: `[B, H, K]`; v_t: `[B, HV, V]`; g_t, beta_t: `[B, HV]`;
+      state: `[B, HV, K, V]`; scale: defaults to `K ** -0.5`.
+
+    Returns:
+      `(o_t: [B, HV, V] in v_t.dtype, new_state: [B, HV, K, V])`, the state in float32 (float64
+      for float64 inputs).
+    """
+    _, h, dk, hv, _ = _chunked.validate_step(q_t, k_t, v_t, g_t, state, beta_t=beta_t)
+    acc = _chunked.accumulation_dtype(q_t, k_t, v_t, g_t, beta_t, state)
+    scale = dk**-0.5 if scale is None else scale
+    groups = hv // h
+    q_t, k_t = (_chunked.expand_heads(x, groups, axis=1).astype(acc) for x in (q_t, k_t))
+    state, o_t = _token_step(
+        state.astype(acc), (q_t * scale, k_t, *(x.astype(acc) for x in (v_t, g_t, beta_t)))
+    )
+    return o_t.astype(v_t.dtype), state
+
+
+def _token_step(state, xs):
+    """`state: [B, HV, K, V]`; `q_t` (pre-scaled), `k_t: [B, HV, K]`; `v_t: [B, HV, V]`."""
+    q_t, k_t, v_t, g_t, beta_t = xs
+    state = jnp.exp(g_t)[..., None, None] * state
+    u_t = beta_t[..., None] * (v_t - _chunked.einsum("bhkv,bhk->bhv", state, k_t))
+    state = state + k_t[..., :, None] * u_t[..., None, :]
+    return state, _chunked.einsum("bhkv,bhk->bhv", state, q_t)
+
+
+def _recurrent(q, k, v, g, beta, state, seg):
+    """Token-by-token reference; inputs in the accumulation dtype, q pre-scaled."""
+
+    def step(s, xs):
+        reset_t, *rest = xs
+        s = jnp.where(reset_t[:, None, None, None], 0.0, s)
+        return _token_step(s, tuple(rest))
+
+    final, o = _chunked.scan_tokens(step, state, (_chunked.resets(seg), q, k, v, g, beta))
+    return o, final
+
+
+def _chunked_form(q, k, v, g, beta, state, seg, chunk_size):
+    """WY chunked form (module docstring); inputs in the accumulation dtype, q pre-scaled."""
+    t = q.shape[1]
+    q, k, v, g, beta = (_chunked.pad_and_chunk(x, chunk_size) for x in (q, k, v, g, beta))
+    decays = _chunked.chunk_decays(g, _chunked.pad_and_chunk(seg, chunk_size, edge=True))
+    # L = strict_lower(diag(beta) (K K^T * Gamma)); Gamma already masks other segments.
+    kk = _chunked.einsum("bnihk,bnjhk->bnhij", k, k) * decays.intra
+    lower = jnp.tril(jnp.moveaxis(beta, 2, 3)[..., :, None] * kk, -1)  # [B, N, HV, C, C]
+    # u = A (beta v), w = A (beta exp(gamma) k), A = (I + L)^{-1} (_unit_lower_inverse).
+    rhs = jnp.concatenate([v, decays.state_to_token[..., None] * k], axis=-1)
+    rhs = beta[..., None] * rhs  # [B, N, C, HV, V + K]
+    uw = _chunked.einsum("bnhij,bnjhd->bnihd", _unit_lower_inverse(lower), rhs)
+    u, w = uw[..., : v.shape[-1]], uw[..., v.shape[-1] :]
+    k_end = k * decays.token_to_end[..., None]
+    final, states, v_new = _chunked.scan_chunk_states(state, k_end, u, w, decays.state_to_end)
+    o = _chunked.chunk_outputs(q, k, v_new, states, decays)
+    return _chunked.unchunk(o, t), final
+
+
+def _nilpotent_inverse(n: jax.Array, order: int) -> jax.Array:
+    """`(I + N)^{-1} = (I - N)(I + N^2)(I + N^4)...` for `N: [..., C, C]` with `N^order = 0`.
+
+    Exact after `ceil(log2(order))` factors; matmuls only.
+    """
+    eye = jnp.eye(n.shape[-1], dtype=n.dtype)
+    power = -n
+    inverse = eye + power
+    for _ in range(max(order - 1, 1).bit_length() - 1):
+        power = _chunked.einsum("...ij,...jk->...ik", power, power)
+        inverse = inverse + _chunked.einsum("...ij,...jk->...ik", inverse, power)
+    return inverse
+
+
+def _unit_lower_inverse(lower: jax.Array, block: int = 16) -> jax.Array:
+    """`(I + L)^{-1}` for strictly lower-triangular `L: [..., C, C]`, in matmuls only.
+
+    Writing `I + L = D (I + M)` with `D = I + (the diagonal 16 x 16 blocks of L)` and the
+    strictly block-lower `M = D^{-1} (L - blocks)`, the inverse is `(I + M)^{-1} D^{-1}`, both
+    factors by the nilpotent doubling product. Blocks keep the powers short (at most 15 within a
+    block, `C / 16 - 1` across blocks), so float32 cancellation stays small. Not
+    `jax.scipy.linalg.solve_triangular`: its CPU backward (LAPACK trsm) hung on the second call
+    of a jitted gradient at T = 4096 (jax 0.10.2, observed).
+    """
+    c = lower.shape[-1]
+    pad = -c % block
+    lower = jnp.pad(lower, [(0, 0)] * (lower.ndim - 2) + [(0, pad), (0, pad)])
+    idx = jnp.arange(c + pad) // block
+    in_block = idx[:, None] == idx[None, :]
+    d_inv = _nilpotent_inverse(jnp.where(in_block, lower, 0.0), block)
+    m = _chunked.einsum("...ij,...jk->...ik", d_inv, jnp.where(in_block, 0.0, lower))
+    inverse = _chunked.einsum(
+        "...ij,...jk->...ik", _nilpotent_inverse(m, (c + pad) // block), d_inv
+    )
+    return inverse[..., :c, :c]

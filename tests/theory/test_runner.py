@@ -1,0 +1,140 @@
+"""The claim registry and `python -m theory`: schema of claims.json, report, exit statuses."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from absl import flags
+from absl.testing import flagsaver
+from matplotlib.figure import Figure
+
+from theory import registry, runner
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FIELDS = {"id", "paper", "statement", "measured", "expected", "verdict", "seconds"}
+
+
+def _toy_paper() -> registry.Paper:
+    """A paper whose claims hold, fail, and raise, measured from their context."""
+    paper = registry.Paper("toy", "A toy paper")
+
+    @paper.claim("toy_holds", "A uniform draw lies in [0, 1).")
+    def holds(ctx):
+        value = float(np.random.default_rng(ctx.size(1, 2)).uniform())
+        path = ctx.figure()
+        fig = Figure(figsize=(2, 2))
+        fig.subplots().plot([0, value])
+        fig.savefig(path)
+        return registry.Outcome(
+            measured={"value": np.float32(value), "draws": np.arange(2)},
+            expected={"range": [0, 1]},
+            verdict=registry.verdict(0 <= value < 1),
+            figures=(path,),
+        )
+
+    @paper.claim("toy_fails", "One equals two.")
+    def fails(ctx):
+        return registry.Outcome({"lhs": 1}, {"rhs": 2}, registry.verdict(1 == 2))
+
+    @paper.claim("toy_raises", "This claim cannot run.")
+    def raises(ctx):
+        raise RuntimeError("no such device")
+
+    return paper
+
+
+def _read(out):
+    return json.loads((out / "claims.json").read_text())
+
+
+def test_a_failed_claim_is_a_finding_not_an_error(tmp_path, capsys):
+    status = runner.run([_toy_paper()], out=tmp_path, only=["toy_holds", "toy_fails"])
+    assert status == 0
+    records = _read(tmp_path)
+    assert [r["id"] for r in records] == ["toy_holds", "toy_fails"]
+    assert all(set(r) == FIELDS for r in records)
+    assert [r["verdict"] for r in records] == ["holds", "fails"]
+    assert records[0]["measured"] == {
+        "value": pytest.approx(records[0]["measured"]["value"]),
+        "draws": [0, 1],
+    }
+    assert (tmp_path / "figures" / "toy_holds.png").is_file()
+    report = (tmp_path / "report.md").read_text()
+    assert "![toy_holds](figures/toy_holds.png)" in report
+    assert "**fails**" in report
+    table = capsys.readouterr().out
+    assert "toy_fails" in table and "fails" in table
+
+
+def test_a_raising_claim_makes_the_run_fail_but_the_others_run(tmp_path, capsys):
+    status = runner.run([_toy_paper()], out=tmp_path)  # all claims of the paper
+    assert status == 1
+    records = {r["id"]: r for r in _read(tmp_path)}
+    assert set(records) == {"toy_holds", "toy_fails", "toy_raises"}
+    assert records["toy_raises"]["verdict"] == "inconclusive"
+    assert records["toy_raises"]["measured"] == {"error": "RuntimeError: no such device"}
+    assert records["toy_holds"]["verdict"] == "holds"
+    assert "no such device" in capsys.readouterr().err
+
+
+def test_only_selects_by_paper_and_id_and_rejects_unknown_names(tmp_path, capsys):
+    paper = _toy_paper()
+    assert [c.id for c in registry.select([paper], ["toy"])] == [c.id for c in paper.claims]
+    assert [c.id for c in registry.select([paper], ["toy_fails"])] == ["toy_fails"]
+    assert runner.run([paper], out=tmp_path, only=["toy_fails", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert not (tmp_path / "claims.json").exists()
+
+
+def test_registry_rejects_bad_verdicts_and_duplicate_ids():
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        registry.Outcome({}, {}, "probably")
+    paper = _toy_paper()
+    with pytest.raises(ValueError, match="already registered"):
+        paper.claim("toy_fails", "again")(lambda ctx: None)
+    assert registry.verdict(True, decidable=False) == "inconclusive"
+
+
+def test_every_listed_paper_registers_claims():
+    papers = registry.load_papers()
+    assert [p.name for p in papers] == list(registry.PAPERS)
+    assert all(p.claims for p in papers)
+    registry.select(papers)  # ids are unique across papers
+
+
+def test_main_rejects_an_unknown_claim_name(tmp_path, capsys):
+    main = runner.main_for(registry.PAPERS)  # defines the flags
+    flags.FLAGS.mark_as_parsed()
+    with flagsaver.flagsaver(only=["no_such_claim"], out=str(tmp_path)):
+        status = main(["theory"])
+    assert status != 0
+    err = capsys.readouterr().err
+    assert "no_such_claim" in err and "polar_zero_channel_forgets" in err
+
+
+def test_cli_end_to_end(tmp_path):
+    out = tmp_path / "report"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "theory", "--only", "polar_zero_channel_forgets", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (record,) = _read(out)
+    assert set(record) == FIELDS
+    assert record["id"] == "polar_zero_channel_forgets"
+    assert record["paper"] == "ssm_bottleneck"
+    assert record["verdict"] in registry.VERDICTS
+    assert isinstance(record["seconds"], float)
+    assert (out / "figures" / "polar_zero_channel_forgets.png").stat().st_size > 0
+    assert "figures/polar_zero_channel_forgets.png" in (out / "report.md").read_text()
+    assert "polar_zero_channel_forgets" in proc.stdout  # the printed table
