@@ -93,15 +93,22 @@ def validate_step(q_t, k_t, v_t, g_t, state, *, beta_t=None):
     return b, h, dk, hv, dv
 
 
-def check_impl(impl) -> str:
-    """Resolve `impl`; the Pallas kernels are a later issue and raise `NotImplementedError`."""
+def check_impl(impl, *, kernels: bool = False) -> str:
+    """Resolve `impl`: `None` is the platform's Pallas kernel on TPU/GPU when the op has
+    `kernels`, else `"chunked"`; `"pallas"` is the platform's kernel (`"pallas_tpu"` on CPU, which
+    then runs in interpret mode). Ops without kernels raise `NotImplementedError` for Pallas names.
+    """
     check_choice("impl", impl, IMPLS)
-    if impl in PALLAS_IMPLS:
+    if impl in PALLAS_IMPLS and not kernels:
         raise NotImplementedError(
-            f"impl={impl!r}: the Pallas kernels are not implemented yet; use impl='chunked' or"
-            " impl='recurrent' (impl=None picks 'chunked' on every platform for now)"
+            f"impl={impl!r}: this op has no Pallas kernel yet; use impl='chunked' or 'recurrent'"
         )
-    return "chunked" if impl is None else impl
+    platform_kernel = {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}.get(jax.default_backend())
+    if impl == "pallas":
+        return platform_kernel or "pallas_tpu"
+    if impl is None:
+        return platform_kernel if kernels and platform_kernel else "chunked"
+    return impl
 
 
 def expand_heads(x: jax.Array, groups: int, axis: int = 2) -> jax.Array:

@@ -21,6 +21,7 @@ so that only the state passing `S -> S'` is sequential (over T / C chunks).
 import jax
 import jax.numpy as jnp
 
+from seqlab.kernels.gated_delta import api as kernel_api
 from seqlab.ops import _chunked
 
 
@@ -54,17 +55,18 @@ def gated_delta_rule(
       chunk_size: tokens per chunk of `"chunked"`; T need not be a multiple.
       segment_ids: `[B, T]` int, packed documents: the state restarts from zero at every change of
         id along t; the final state is that of each row's last segment.
-      impl: None (auto: `"chunked"` on every platform for now; on GPU/TPU it will pick the
-        platform's Pallas kernel once those land), `"recurrent"` (token-by-token `lax.scan`),
-        `"chunked"` (WY form in XLA). `"pallas_tpu"`, `"pallas_gpu"` and `"pallas"` raise
-        `NotImplementedError`: the kernels are not implemented yet.
-      interpret: Pallas interpret mode; only meaningful for the Pallas impls.
+      impl: None (auto: the platform's Pallas kernel on TPU and GPU, `"chunked"` on CPU),
+        `"recurrent"` (token-by-token `lax.scan`), `"chunked"` (WY form in XLA), `"pallas_tpu"`
+        (Mosaic TPU kernel), `"pallas_gpu"` (Mosaic GPU kernel, Hopper), `"pallas"` (the current
+        platform's kernel; on CPU the TPU kernel in interpret mode). The Pallas impls take
+        float32 or bfloat16 inputs and `chunk_size` a multiple of 16, and raise
+        `NotImplementedError` otherwise.
+      interpret: run the Pallas kernel in interpret mode (on CPU).
 
     Returns:
       `(o, final_state)`: `o: [B, T, HV, V]` in `v.dtype`; `final_state: [B, HV, K, V]` in float32
       (float64 for float64 inputs) when `output_final_state`, else None.
     """
-    del interpret  # Only the (not yet implemented) Pallas impls read it.
     b, t, h, dk, hv, dv = _chunked.validate(
         q,
         k,
@@ -75,9 +77,18 @@ def gated_delta_rule(
         segment_ids=segment_ids,
         chunk_size=chunk_size,
     )
-    impl = _chunked.check_impl(impl)
-    acc = _chunked.accumulation_dtype(q, k, v, g, beta)
+    # "pallas" on CPU is the TPU kernel, which CPU can only interpret.
+    interpret = interpret or (impl == "pallas" and jax.default_backend() == "cpu")
+    impl = _chunked.check_impl(impl, kernels=True)
     scale = dk**-0.5 if scale is None else scale
+    if impl.startswith("pallas"):
+        o, final = _pallas(
+            q, k, v, g, beta, initial_state, segment_ids, scale=scale, chunk_size=chunk_size,
+            platform=impl.removeprefix("pallas_"),
+            interpret=interpret,
+        )  # fmt: skip
+        return o, final if output_final_state else None
+    acc = _chunked.accumulation_dtype(q, k, v, g, beta)
     out_dtype = v.dtype
     groups = hv // h
     q, k = (_chunked.expand_heads(x, groups).astype(acc) for x in (q, k))
@@ -89,6 +100,43 @@ def gated_delta_rule(
     else:
         o, final = _chunked_form(q * scale, k, v, g, beta, state, seg, chunk_size)
     return o.astype(out_dtype), final if output_final_state else None
+
+
+def _pallas(
+    q, k, v, g, beta, initial_state, segment_ids, *, scale, chunk_size, platform, interpret
+):
+    """Lay the inputs out as the kernel contract wants (`seqlab/kernels/gated_delta/README.md`),
+    run the kernels, and restore `[B, T, HV, V]`."""
+    block_sizes = kernel_api.BlockSizes(chunk_size)
+    kernel_api.check_supported(platform, q.dtype)
+    b, t, hv, dv = v.shape
+    dk = q.shape[-1]
+    c = block_sizes.chunk
+    f32 = jnp.float32
+
+    def heads_major(x):  # [B, T, HV, D] -> [B, HV, T_pad, D]
+        x = _chunked.pad_and_chunk(x, c)
+        return jnp.moveaxis(x.reshape(b, -1, hv, x.shape[-1]), 2, 1)
+
+    def per_chunk(x):  # [B, T, HV] -> [B, HV, N, C]
+        return jnp.moveaxis(_chunked.pad_and_chunk(x.astype(f32), c), 3, 1)
+
+    q, k = (_chunked.expand_heads(x, hv // q.shape[2]) for x in (q, k))
+    seg = _chunked.pad_and_chunk(_chunked.segment_index(segment_ids, b, t), c, edge=True)
+    incoming = jnp.concatenate([jnp.zeros((b, 1), seg.dtype), seg[:, :-1, -1]], axis=1)
+    o, final = kernel_api.chunked_scan(
+        heads_major(q * jnp.asarray(scale, q.dtype)),
+        heads_major(k.astype(q.dtype)),
+        heads_major(v.astype(q.dtype)),
+        jnp.cumsum(per_chunk(g), axis=-1),
+        per_chunk(beta),
+        (seg - incoming[..., None]).astype(f32),
+        jnp.zeros((b, hv, dk, dv), f32) if initial_state is None else initial_state.astype(f32),
+        platform=platform,
+        block_sizes=block_sizes,
+        interpret=interpret,
+    )
+    return jnp.moveaxis(o, 1, 2)[:, :t].astype(v.dtype), final
 
 
 def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale: float | None = None):

@@ -345,13 +345,6 @@ def test_bad_step_inputs():
         gated_delta_rule_step(*args[:4], args[4][:, :1], x["initial_state"])
 
 
-@pytest.mark.parametrize("impl", ["pallas_tpu", "pallas_gpu", "pallas"])
-def test_pallas_impls_not_implemented(impl):
-    x = inputs(17, 1, 8, 1, 1, 4, 3, jnp.float32)
-    with pytest.raises(NotImplementedError, match="not implemented yet"):
-        gated_delta_rule(**x, impl=impl, interpret=True)
-
-
 # ------------------------------------------------------------------------------ hypothesis
 
 

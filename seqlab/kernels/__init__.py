@@ -1,0 +1,1 @@
+"""Pallas kernels, one package per op; the oracles live in `seqlab.ops`."""

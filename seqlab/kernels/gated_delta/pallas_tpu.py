@@ -1,0 +1,212 @@
+"""Mosaic TPU kernels of the chunked gated delta rule, forward and backward.
+
+Grid `(B, H, N)`: batch and head are parallel, the chunk axis is sequential ("arbitrary") and
+carries the `[K, V]` float32 state (forward) or its cotangent (backward, chunks in reverse) in a
+VMEM scratch buffer. Each step pipelines one chunk of q/k/v (and do) through VMEM via the block
+specs. The per-chunk math is `chunk.chunk_step`; the backward recomputes a chunk from its saved
+start state and pulls the cotangents through `chunk_step` inside the kernel (the VJP of a chunk
+is traced into the kernel body, so it runs as Mosaic code, not as XLA autodiff of the forward).
+Argument layout: see README.md, "Kernel contract".
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from seqlab.kernels.gated_delta import chunk
+
+# Interpret mode as the issue asks: race detection, uninitialized memory filled with NaN.
+INTERPRET_PARAMS = pltpu.InterpretParams(detect_races=True, uninitialized_memory="nan")
+
+
+def _interpret(interpret: bool):
+    return INTERPRET_PARAMS if interpret else False
+
+
+def _compiler_params():
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"))
+
+
+def _token_inputs(gamma, beta, seg):
+    """`gamma, beta: [B, H, N, C]`, `seg: [B, N, C]` -> column and row views (free reshapes)."""
+    return (
+        gamma[..., None],
+        gamma[..., None, :],
+        beta[..., None],
+        seg[..., None],
+        seg[..., None, :],
+    )
+
+
+def _specs(c: int, dk: int, dv: int, chunk_of):
+    """Block specs for (q, k, v, gamma_col, gamma_row, beta_col, seg_col, seg_row).
+
+    `chunk_of(n)` maps the grid step to the chunk it works on (reversed in the backward).
+    """
+
+    def head(*trailing):
+        return lambda b, h, n: (b, h, chunk_of(n), *trailing)
+
+    return [
+        pl.BlockSpec((None, None, c, dk), head(0)),
+        pl.BlockSpec((None, None, c, dk), head(0)),
+        pl.BlockSpec((None, None, c, dv), head(0)),
+        pl.BlockSpec((None, None, None, c, 1), head(0, 0)),
+        pl.BlockSpec((None, None, None, 1, c), head(0, 0)),
+        pl.BlockSpec((None, None, None, c, 1), head(0, 0)),
+        pl.BlockSpec((None, None, c, 1), lambda b, h, n: (b, chunk_of(n), 0, 0)),
+        pl.BlockSpec((None, None, 1, c), lambda b, h, n: (b, chunk_of(n), 0, 0)),
+    ]
+
+
+def _load_chunk(q_ref, k_ref, v_ref, gc_ref, gr_ref, bc_ref, sc_ref, sr_ref):
+    f32 = jnp.float32
+    return (
+        q_ref[...].astype(f32),
+        k_ref[...].astype(f32),
+        v_ref[...].astype(f32),
+        gc_ref[...],
+        gr_ref[...],
+        bc_ref[...],
+        sc_ref[...],
+        sr_ref[...],
+    )
+
+
+def _forward_kernel(*refs, save_states: bool):
+    inputs, (h0_ref,), rest = refs[:8], refs[8:9], refs[9:]
+    if save_states:
+        o_ref, hf_ref, states_ref, s_scratch = rest
+    else:
+        o_ref, hf_ref, s_scratch = rest
+    n = pl.program_id(2)
+
+    @pl.when(n == 0)
+    def _():
+        s_scratch[...] = h0_ref[...]
+
+    state = s_scratch[...]
+    if save_states:
+        states_ref[...] = state
+    q, k, v, gc, gr, bc, sc, sr = _load_chunk(*inputs)
+    o, state = chunk.chunk_step(state, q, k, v, gc, gr, bc, sc, sr)
+    o_ref[...] = o.astype(o_ref.dtype)
+    s_scratch[...] = state
+
+    @pl.when(n == pl.num_programs(2) - 1)
+    def _():
+        hf_ref[...] = state
+
+
+@functools.partial(jax.jit, static_argnames=("chunk_size", "save_states", "interpret"))
+def forward(q, k, v, gamma, beta, seg, h0, *, chunk_size: int, save_states: bool, interpret: bool):
+    """Chunked forward. `q, k: [B, H, T, K]`, `v: [B, H, T, V]`, `gamma, beta: [B, H, N, C]`,
+    `seg: [B, N, C]`, `h0: [B, H, K, V]` -> `(o [B, H, T, V], h_final [B, H, K, V],
+    states [B, H, N, K, V] or None)`."""
+    b, h, t, dk = q.shape
+    dv = v.shape[-1]
+    c = chunk_size
+    n_chunks = t // c
+    state_spec = pl.BlockSpec((None, None, dk, dv), lambda b_, h_, n: (b_, h_, 0, 0))
+    out_shape = [
+        jax.ShapeDtypeStruct((b, h, t, dv), v.dtype),
+        jax.ShapeDtypeStruct((b, h, dk, dv), jnp.float32),
+    ]
+    out_specs = [pl.BlockSpec((None, None, c, dv), lambda b_, h_, n: (b_, h_, n, 0)), state_spec]
+    if save_states:
+        out_shape.append(jax.ShapeDtypeStruct((b, h, n_chunks, dk, dv), jnp.float32))
+        out_specs.append(
+            pl.BlockSpec((None, None, None, dk, dv), lambda b_, h_, n: (b_, h_, n, 0, 0))
+        )
+    outs = pl.pallas_call(
+        functools.partial(_forward_kernel, save_states=save_states),
+        grid=(b, h, n_chunks),
+        in_specs=[*_specs(c, dk, dv, lambda n: n), state_spec],
+        out_specs=out_specs,
+        out_shape=out_shape,
+        scratch_shapes=[pltpu.VMEM((dk, dv), jnp.float32)],
+        compiler_params=_compiler_params(),
+        interpret=_interpret(interpret),
+        name="gated_delta_fwd",
+    )(q, k, v, *_token_inputs(gamma, beta, seg), h0)
+    return outs[0], outs[1], outs[2] if save_states else None
+
+
+def _backward_kernel(*refs):
+    inputs, (state_ref, do_ref, dht_ref), outs = refs[:8], refs[8:11], refs[11:]
+    dq_ref, dk_ref, dv_ref, dgc_ref, dgr_ref, dbc_ref, dh0_ref, ds_scratch = outs
+    n = pl.program_id(2)
+
+    @pl.when(n == 0)
+    def _():
+        ds_scratch[...] = dht_ref[...]
+
+    q, k, v, gc, gr, bc, sc, sr = _load_chunk(*inputs)
+
+    def step(state, q, k, v, gc, gr, bc):
+        return chunk.chunk_step(state, q, k, v, gc, gr, bc, sc, sr)
+
+    _, pullback = jax.vjp(step, state_ref[...], q, k, v, gc, gr, bc)
+    d_state, dq, dk, dv, dgc, dgr, dbc = pullback(
+        (do_ref[...].astype(jnp.float32), ds_scratch[...])
+    )
+    dq_ref[...] = dq
+    dk_ref[...] = dk
+    dv_ref[...] = dv
+    dgc_ref[...] = dgc
+    dgr_ref[...] = dgr
+    dbc_ref[...] = dbc
+    ds_scratch[...] = d_state
+
+    @pl.when(n == pl.num_programs(2) - 1)
+    def _():
+        dh0_ref[...] = d_state
+
+
+@functools.partial(jax.jit, static_argnames=("chunk_size", "interpret"))
+def backward(q, k, v, gamma, beta, seg, states, do, dh_final, *, chunk_size: int, interpret: bool):
+    """Reverse chunk scan of the cotangents. Returns `(dq, dk [B, H, T, K], dv [B, H, T, V],
+    dgamma, dbeta [B, H, N, C], dh0 [B, H, K, V])`, all float32."""
+    b, h, t, dk = q.shape
+    dv = v.shape[-1]
+    c = chunk_size
+    n_chunks = t // c
+
+    def rev(n):
+        return n_chunks - 1 - n
+
+    state_spec = pl.BlockSpec((None, None, dk, dv), lambda b_, h_, n: (b_, h_, 0, 0))
+    f32 = jnp.float32
+    token_shape = (b, h, n_chunks, c)
+    dq, dk_, dv_, dgc, dgr, dbc, dh0 = pl.pallas_call(
+        _backward_kernel,
+        grid=(b, h, n_chunks),
+        in_specs=[
+            *_specs(c, dk, dv, rev),
+            pl.BlockSpec((None, None, None, dk, dv), lambda b_, h_, n: (b_, h_, rev(n), 0, 0)),
+            pl.BlockSpec((None, None, c, dv), lambda b_, h_, n: (b_, h_, rev(n), 0)),
+            state_spec,
+        ],
+        out_specs=[
+            *_specs(c, dk, dv, rev)[:6],
+            state_spec,
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, f32),
+            jax.ShapeDtypeStruct(k.shape, f32),
+            jax.ShapeDtypeStruct(v.shape, f32),
+            jax.ShapeDtypeStruct((*token_shape, 1), f32),
+            jax.ShapeDtypeStruct((*token_shape[:3], 1, c), f32),
+            jax.ShapeDtypeStruct((*token_shape, 1), f32),
+            jax.ShapeDtypeStruct((b, h, dk, dv), f32),
+        ],
+        scratch_shapes=[pltpu.VMEM((dk, dv), f32)],
+        compiler_params=_compiler_params(),
+        interpret=_interpret(interpret),
+        name="gated_delta_bwd",
+    )(q, k, v, *_token_inputs(gamma, beta, seg), states, do, dh_final)
+    dgamma = dgc[..., 0] + dgr[..., 0, :]
+    return dq, dk_, dv_, dgamma, dbc[..., 0], dh0
