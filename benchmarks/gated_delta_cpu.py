@@ -16,23 +16,18 @@ reported also where running the recurrent backward would not fit in memory.
 import argparse
 import datetime
 import functools
-import os
-import platform
-import re
 import shlex
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _common import cpu_model, median_seconds, replace_section
 
 from seqlab.ops.gated_delta import gated_delta_rule
 from seqlab.ops.ssd import ssd
 
 SECTION = "## gated_delta_rule / ssd (CPU)"
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 MiB = 2**20
 
 
@@ -61,30 +56,9 @@ def functions(op, impl):
     return jax.jit(lambda x: fwd(**x)[0]), jax.jit(jax.grad(loss))
 
 
-def median_time(fn, x, repeats):
-    jax.block_until_ready(fn(x))  # warm-up: compile
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def backward_bytes(grad_fn, x):
     stats = grad_fn.lower(x).compile().memory_analysis()
     return stats.temp_size_in_bytes + stats.output_size_in_bytes
-
-
-def machine():
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            found = re.search(r"model name\s*:\s*(.*)", f.read())
-        model = found.group(1).strip() if found else model
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()}"
 
 
 def timing_table(ops, lengths, shapes, dim, repeats, max_recurrent_bwd_bytes):
@@ -96,12 +70,12 @@ def timing_table(ops, lengths, shapes, dim, repeats, max_recurrent_bwd_bytes):
                 t = {}
                 for impl in ("recurrent", "chunked"):
                     fwd, bwd = functions(op, impl)
-                    t[impl, "fwd"] = median_time(fwd, x, repeats)
+                    t[impl, "fwd"] = median_seconds(fwd, x, repeats=repeats)
                     need = backward_bytes(bwd, x)
                     if impl == "recurrent" and need > max_recurrent_bwd_bytes:
                         t[impl, "bwd"] = float("nan")  # would not fit: reported, not run
                     else:
-                        t[impl, "bwd"] = median_time(bwd, x, repeats)
+                        t[impl, "bwd"] = median_seconds(bwd, x, repeats=repeats)
                 row = (
                     f"| {name} | {batch}x{heads} | {length} | {t['recurrent', 'fwd'] * 1e3:.1f} |"
                     f" {t['chunked', 'fwd'] * 1e3:.1f} |"
@@ -142,20 +116,6 @@ def memory_table(ops, lengths, batch, heads, dim):
     return header + rows
 
 
-def write_section(text):
-    old = "# Benchmark results\n"
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
-            old = f.read()
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(old):
-        new = pattern.sub(lambda _: text, old)
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    with open(RESULTS, "w") as f:
-        f.write(new)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
@@ -181,7 +141,7 @@ def main():
         [
             SECTION,
             "",
-            f"{datetime.date.today().isoformat()}; {machine()}; jax {jax.__version__};"
+            f"{datetime.date.today().isoformat()}; {cpu_model()}; jax {jax.__version__};"
             f" `{command}`.",
             f"float32, K = V = {dim}, chunk 64, H = HV; medians of {repeats} after a warm-up."
             " Measured while other jobs shared the CPU: the lead will re-run on an idle machine."
@@ -199,7 +159,7 @@ def main():
         ]
     )
     if args.write_results:
-        write_section(text)
+        replace_section(SECTION, text)
     print(text)
 
 

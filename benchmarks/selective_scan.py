@@ -11,22 +11,17 @@ ended with `block_until_ready`.
 
 import argparse
 import datetime
-import os
-import platform
-import re
 import shlex
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _common import RESULTS, cpu_model, median_seconds, replace_section
 
 from seqlab.ops.selective_scan import selective_scan
 
 SECTION = "## selective_scan (CPU)"
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 
 
 def make_inputs(batch, length, dim, state, dtype=jnp.float32):
@@ -59,27 +54,6 @@ def build(impl, backward):
     return jax.jit(jax.grad(lambda args: jnp.sum(forward(args) ** 2)))
 
 
-def median_seconds(fn, args, repeats):
-    jax.block_until_ready(fn(args))  # warm-up: compile
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def run(lengths, batch, dim, state, repeats):
     """Rows `(L, pass, sequential_s, parallel_s)`, printed as they come."""
     rows = []
@@ -88,7 +62,7 @@ def run(lengths, batch, dim, state, repeats):
         args = make_inputs(batch, length, dim, state)
         for backward in (False, True):
             seq, par = (
-                median_seconds(build(impl, backward), args, repeats)
+                median_seconds(build(impl, backward), args, repeats=repeats)
                 for impl in ("sequential", "parallel")
             )
             name = "fwd+bwd" if backward else "fwd"
@@ -121,7 +95,7 @@ def write_results(rows, command, batch, dim, state, repeats, note):
             SECTION,
             "",
             f"- date: {datetime.date.today().isoformat()}",
-            f"- machine: {cpu_model()}, {os.cpu_count()} cores",
+            f"- machine: {cpu_model()}",
             f"- jax {jax.__version__}, backend {jax.default_backend()}",
             f"- command: `{command}`",
             f"- float32, batch {batch}, D={dim}, N={state}, delta_softplus with delta_bias, D and"
@@ -134,17 +108,7 @@ def write_results(rows, command, batch, dim, state, repeats, note):
             "",
         ]
     )
-    text = "# Benchmark results\n"
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
-            text = f.read()
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    with open(RESULTS, "w") as f:
-        f.write(text.rstrip("\n") + "\n")
+    replace_section(SECTION, section)
 
 
 def main():
@@ -158,9 +122,7 @@ def main():
         lengths, batch, dim, state, repeats = (64, 200), 1, 8, 4, 2
     else:
         lengths, batch, dim, state, repeats = (1024, 4096, 16384), 2, 256, 16, flags.repeats
-    print(
-        f"jax {jax.__version__} on {jax.default_backend()}: {cpu_model()}, {os.cpu_count()} cores"
-    )
+    print(f"jax {jax.__version__} on {jax.default_backend()}: {cpu_model()}")
     rows = run(lengths, batch, dim, state, repeats)
     print(verdict(rows))
     if flags.write_results:
