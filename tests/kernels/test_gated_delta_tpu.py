@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from seqlab.kernels.gated_delta import api, pallas_tpu
@@ -153,3 +155,22 @@ def test_block_sizes_are_data():
         api.BlockSizes(chunk=40)
     assert pallas_tpu.INTERPRET_PARAMS.detect_races
     np.testing.assert_equal(pallas_tpu.INTERPRET_PARAMS.uninitialized_memory, "nan")
+
+
+@settings(max_examples=3)  # each draw interprets two kernels: keep the default run short
+@given(
+    t=st.integers(1, 70),
+    groups=st.integers(1, 2),
+    chunk=st.sampled_from([16, 32]),
+    n_docs=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_interpret_matches_chunked_oracle_hypothesis(t, groups, chunk, n_docs, seed):
+    """Random lengths, chunk sizes, head grouping and packed documents, small K = V = 16."""
+    x = inputs(seed, 1, t, 1, groups, 16, 16, jnp.float32)
+    cuts = np.sort(np.random.default_rng(seed).choice(np.arange(1, t + 1), n_docs - 1))
+    lengths = np.diff(np.concatenate([[0], cuts, [t]])).tolist() if t > 1 else [t]
+    seg = segment_rows([lengths])
+    got = forward_and_grads(op("pallas_tpu", chunk, interpret=True, segment_ids=seg), x)
+    want = forward_and_grads(op("chunked", chunk, segment_ids=seg), x)
+    assert_all_close(got, want, jnp.float32)
