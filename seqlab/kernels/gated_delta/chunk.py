@@ -101,8 +101,10 @@ def chunk_step(
     w = _dot(inverse, (beta_col * from_state) * k)
     v_new = u - _dot(w, state)
     o = _dot(q * from_state, state) + _dot(_dot(q, k, trans_b=True) * gamma_ij, v_new)
-    gamma_last = gamma_col[c - 1 :, :]  # [1, 1]
-    seg_last = seg_col[c - 1 :, :]
+    # The last token's values as [1, 1] by a masked sum, not a slice at an unaligned sublane.
+    is_last = lax.broadcasted_iota(jnp.int32, (c, 1), 0) == c - 1
+    gamma_last = jnp.sum(jnp.where(is_last, gamma_col, 0.0), axis=0, keepdims=True)
+    seg_last = jnp.sum(jnp.where(is_last, seg_col, 0.0), axis=0, keepdims=True)
     keep = jnp.where(seg_last == 0, jnp.exp(gamma_last), 0.0)
     to_end = jnp.where(seg_col == seg_last, jnp.exp(gamma_last - gamma_col), 0.0)  # [C, 1]
     return o, keep * state + _dot(k * to_end, v_new, trans_a=True)
