@@ -191,8 +191,13 @@ def count_params(model: LanguageModel) -> int:
 _PAPER = dict(vocab_size=32000, norm_eps=1e-5)
 
 
-def _gdn(d_model: int) -> dict:
-    return {"num_heads": 9, "head_dim": d_model // 12, "expand_v": 2}
+def _paper_gdn(d_model: int, pattern: str, d_ff: int, heads: int | None = None) -> dict:
+    """A paper configuration; `heads` of the sliding-window (2048) attention of the hybrids."""
+    gdn = {"num_heads": 9, "head_dim": d_model // 12, "expand_v": 2}
+    config = dict(**_PAPER, d_model=d_model, pattern=pattern, d_ff=d_ff, gdn=gdn)
+    if heads is not None:
+        config["attention"] = {"num_heads": heads, "window": 2048}
+    return config
 
 
 _TINY_ATTENTION = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "window": 4}
@@ -201,40 +206,12 @@ _TINY_GDN = {"num_heads": 2, "head_dim": 8, "chunk_size": 4}
 _TINY = dict(vocab_size=61, d_model=32, norm_eps=1e-5)
 
 PRESETS: dict[str, dict] = {
-    "gdn-0.4b": dict(**_PAPER, d_model=1536, pattern="g" * 11, d_ff=6144, gdn=_gdn(1536)),
-    "gdn-h1-0.4b": dict(
-        **_PAPER,
-        d_model=1536,
-        pattern="gs" * 6,
-        d_ff=6144,
-        gdn=_gdn(1536),
-        attention={"num_heads": 12, "window": 2048},
-    ),
-    "gdn-h2-0.4b": dict(
-        **_PAPER,
-        d_model=1536,
-        pattern="2gs" * 4,
-        d_ff=6144,
-        gdn=_gdn(1536),
-        attention={"num_heads": 12, "window": 2048},
-    ),
-    "gdn-1.3b": dict(**_PAPER, d_model=2400, pattern="g" * 16, d_ff=5888, gdn=_gdn(2400)),
-    "gdn-h1-1.3b": dict(
-        **_PAPER,
-        d_model=2304,
-        pattern="gs" * 9,
-        d_ff=6144,
-        gdn=_gdn(2304),
-        attention={"num_heads": 18, "window": 2048},
-    ),
-    "gdn-h2-1.3b": dict(
-        **_PAPER,
-        d_model=2304,
-        pattern="2gs" * 6,
-        d_ff=6144,
-        gdn=_gdn(2304),
-        attention={"num_heads": 18, "window": 2048},
-    ),
+    "gdn-0.4b": _paper_gdn(1536, "g" * 11, 6144),
+    "gdn-h1-0.4b": _paper_gdn(1536, "gs" * 6, 6144, heads=12),
+    "gdn-h2-0.4b": _paper_gdn(1536, "2gs" * 4, 6144, heads=12),
+    "gdn-1.3b": _paper_gdn(2400, "g" * 16, 5888),
+    "gdn-h1-1.3b": _paper_gdn(2304, "gs" * 9, 6144, heads=18),
+    "gdn-h2-1.3b": _paper_gdn(2304, "2gs" * 6, 6144, heads=18),
     # Tiny models for tests, one per pattern family (one block per pure family, to compile fast).
     "tiny-mamba": dict(**_TINY, pattern="m", mamba={"d_state": 4}),
     "tiny-polar-mamba": dict(**_TINY, pattern="m", mamba={"d_state": 4, "polarize": (1, 1)}),
