@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 from absl import flags
-from absl.testing import flagsaver
 from matplotlib.figure import Figure
 
 from theory import registry, runner
@@ -108,9 +107,11 @@ def test_every_listed_paper_registers_claims():
 
 def test_main_rejects_an_unknown_claim_name(tmp_path, capsys):
     main = runner.main_for(registry.PAPERS)  # defines the flags
-    flags.FLAGS.mark_as_parsed()
-    with flagsaver.flagsaver(only=["no_such_claim"], out=str(tmp_path)):
-        status = main(["theory"])
+    argv = flags.FLAGS(["theory", "--only=no_such_claim", f"--out={tmp_path}"])
+    try:
+        status = main(argv)
+    finally:
+        flags.FLAGS.unparse_flags()  # leave absl's global state as the session found it
     assert status != 0
     err = capsys.readouterr().err
     assert "no_such_claim" in err and "polar_zero_channel_forgets" in err
