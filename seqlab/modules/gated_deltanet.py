@@ -36,17 +36,10 @@ from seqlab.modules.norm import RMSNorm
 from seqlab.ops._checks import check_floating, check_positive_int, check_shape
 from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
 from seqlab.ops.gated_delta import gated_delta_rule, gated_delta_rule_step
+from seqlab.ops.norm import l2_normalize
 
-_L2_EPS = 1e-6  # q * rsqrt(||q||^2 + eps), as fla's l2norm
 _A_INIT_RANGE = (0.0, 16.0)
 _DT_MIN, _DT_MAX, _DT_INIT_FLOOR = 1e-3, 1e-1, 1e-4
-
-
-def _l2_normalize(x: jax.Array) -> jax.Array:
-    """`x / sqrt(||x||^2 + eps)` over the last axis, computed in float32 (float64 for float64)."""
-    acc = jnp.promote_types(x.dtype, jnp.float32)
-    xf = x.astype(acc)
-    return (xf * jax.lax.rsqrt(jnp.sum(xf * xf, axis=-1, keepdims=True) + _L2_EPS)).astype(x.dtype)
 
 
 class GatedDeltaNet(nn.Module):
@@ -182,8 +175,8 @@ class GatedDeltaNet(nn.Module):
 
     def _heads(self, q: jax.Array, k: jax.Array, v: jax.Array):
         """Split heads: `q, k: [..., H K] -> [..., H, K]` (unit norm), `v -> [..., HV, V]`."""
-        q = _l2_normalize(q.reshape(*q.shape[:-1], self.num_heads, self.head_dim))
-        k = _l2_normalize(k.reshape(*k.shape[:-1], self.num_heads, self.head_dim))
+        q = l2_normalize(q.reshape(*q.shape[:-1], self.num_heads, self.head_dim))
+        k = l2_normalize(k.reshape(*k.shape[:-1], self.num_heads, self.head_dim))
         return q, k, v.reshape(*v.shape[:-1], self.v_heads, self.head_v_dim)
 
     def _gates(self, x: jax.Array):

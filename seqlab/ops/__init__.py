@@ -6,7 +6,7 @@ dispatchers.
 
 from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
 from seqlab.ops.gated_delta import gated_delta_rule, gated_delta_rule_step
-from seqlab.ops.norm import gated_rms_norm, rms_norm
+from seqlab.ops.norm import gated_rms_norm, l2_normalize, rms_norm
 from seqlab.ops.selective_scan import selective_scan
 from seqlab.ops.ssd import ssd, ssd_step
 
@@ -16,6 +16,7 @@ __all__ = [
     "gated_delta_rule",
     "gated_delta_rule_step",
     "gated_rms_norm",
+    "l2_normalize",
     "rms_norm",
     "selective_scan",
     "ssd",

@@ -1,4 +1,5 @@
-"""Normalization ops: RMSNorm and the SiLU-gated RMSNorm of Mamba-2 and Gated DeltaNet."""
+"""Normalization ops: RMSNorm, the SiLU-gated RMSNorm of Mamba-2 and Gated DeltaNet, and the L2
+normalization of Gated DeltaNet's queries and keys."""
 
 import jax
 import jax.numpy as jnp
@@ -30,3 +31,12 @@ def gated_rms_norm(
     acc = jnp.promote_types(x.dtype, jnp.float32)
     y = rms_norm(x.astype(acc), weight, eps=eps) * jax.nn.silu(gate.astype(acc))
     return y.astype(x.dtype)
+
+
+def l2_normalize(x: jax.Array, *, eps: float = 1e-6) -> jax.Array:
+    """`x / sqrt(||x||^2 + eps)` over the last axis (fla's `l2norm`), computed in float32 (float64
+    for float64 inputs). `x: [..., D]`; returns `x.dtype`."""
+    check_floating("x", x)
+    acc = jnp.promote_types(x.dtype, jnp.float32)
+    xf = x.astype(acc)
+    return (xf * jax.lax.rsqrt(jnp.sum(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
