@@ -94,9 +94,11 @@ def validate_step(q_t, k_t, v_t, g_t, state, *, beta_t=None):
 
 
 def check_impl(impl, *, kernels: bool = False) -> str:
-    """Resolve `impl`: `None` is the platform's Pallas kernel on TPU/GPU when the op has
-    `kernels`, else `"chunked"`; `"pallas"` is the platform's kernel (`"pallas_tpu"` on CPU, which
-    then runs in interpret mode). Ops without kernels raise `NotImplementedError` for Pallas names.
+    """Resolve `impl`.
+
+    `None` is the platform's Pallas kernel on TPU and Hopper GPUs when the op has `kernels`, else
+    `"chunked"`; `"pallas"` is the platform's kernel (`"pallas_tpu"` on CPU, which then runs in
+    interpret mode). Ops without kernels raise `NotImplementedError` for Pallas names.
     """
     check_choice("impl", impl, IMPLS)
     if impl in PALLAS_IMPLS and not kernels:
@@ -107,8 +109,15 @@ def check_impl(impl, *, kernels: bool = False) -> str:
     if impl == "pallas":
         return platform_kernel or "pallas_tpu"
     if impl is None:
-        return platform_kernel if kernels and platform_kernel else "chunked"
+        return platform_kernel if kernels and _has_kernel_hardware(platform_kernel) else "chunked"
     return impl
+
+
+def _has_kernel_hardware(platform_kernel: str | None) -> bool:
+    """TPUs run the TPU kernel; of GPUs only Hopper (sm_90, wgmma) runs the GPU kernel."""
+    if platform_kernel == "pallas_gpu":
+        return getattr(jax.devices()[0], "compute_capability", None) == "9.0"
+    return platform_kernel is not None
 
 
 def expand_heads(x: jax.Array, groups: int, axis: int = 2) -> jax.Array:

@@ -55,7 +55,7 @@ def gated_delta_rule(
       chunk_size: tokens per chunk of `"chunked"`; T need not be a multiple.
       segment_ids: `[B, T]` int, packed documents: the state restarts from zero at every change of
         id along t; the final state is that of each row's last segment.
-      impl: None (auto: the platform's Pallas kernel on TPU and GPU, `"chunked"` on CPU),
+      impl: None (auto: the platform's Pallas kernel on TPU and Hopper GPUs, else `"chunked"`),
         `"recurrent"` (token-by-token `lax.scan`), `"chunked"` (WY form in XLA), `"pallas_tpu"`
         (Mosaic TPU kernel), `"pallas_gpu"` (Mosaic GPU kernel, Hopper), `"pallas"` (the current
         platform's kernel; on CPU the TPU kernel in interpret mode). The Pallas impls take

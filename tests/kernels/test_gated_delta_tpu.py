@@ -127,6 +127,12 @@ def test_export_for_tpu_contains_the_kernels():
     assert "gated_delta_bwd" not in fwd
 
 
+def test_export_of_the_public_op_for_cuda_contains_the_gpu_kernels():
+    fwd, grad = _export("cuda", "pallas_gpu")
+    calls = [re.findall(r"stablehlo.custom_call @(\w+)", m) for m in (fwd, grad)]
+    assert [c.count("mosaic_gpu_v2") for c in calls] == [1, 2]
+
+
 @pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
 def test_sharded_over_data_and_heads_matches_unsharded(axis_type):
     axis_types = (getattr(jax.sharding.AxisType, axis_type),) * 2
