@@ -1,0 +1,66 @@
+"""The model registry: a `LanguageModel` from the `model` block of an experiment config.
+
+    name        a key of `PATTERNS` (the stack is `PATTERNS[name](num_layers)`), or a preset of
+                `seqlab.modules.lm.PRESETS` (its own size; `num_layers` and `d_model` are ignored)
+    d_model, num_layers, d_ff (0: blocks without MLP)
+    mamba, mamba2, gdn, attention   keyword arguments of the mixers (see `LanguageModel`)
+    dtype       "float32" | "bfloat16" | "float64": compute dtype; parameters are float32
+                (float64 for a float64 model)
+
+`polar_mamba` is Mamba with `polarize=(1, 1)` (one never-forgetting and one fast-forgetting state
+channel per inner channel, Wang et al. arXiv 2501.00658), unless the `model.mamba` block sets
+`polarize` itself.
+"""
+
+from collections.abc import Callable
+
+import jax.numpy as jnp
+
+from seqlab.modules.lm import PRESETS, LanguageModel, preset
+
+PATTERNS: dict[str, Callable[[int], str]] = {
+    "mamba": lambda n: "m" * n,
+    "polar_mamba": lambda n: "m" * n,
+    "mamba2": lambda n: "2" * n,
+    "gdn": lambda n: "g" * n,
+    "attention": lambda n: "a" * n,
+    # Gated DeltaNet and global attention alternating, Gated DeltaNet first.
+    "hybrid": lambda n: ("ga" * n)[:n],
+}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
+
+
+def model_names() -> list[str]:
+    """Every name `build_model` accepts."""
+    return sorted(PATTERNS) + sorted(PRESETS)
+
+
+def build_model(model, vocab_size: int) -> LanguageModel:
+    """The `LanguageModel` of the config block `model` over `vocab_size` tokens."""
+    if model.dtype not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {model.dtype!r}")
+    param_dtype = jnp.float64 if model.dtype == "float64" else jnp.float32
+    dtypes = dict(dtype=DTYPES[model.dtype], param_dtype=param_dtype)
+    if model.name in PRESETS:
+        return preset(model.name, vocab_size=vocab_size, **dtypes)
+    if model.name not in PATTERNS:
+        raise ValueError(f"model.name must be one of {model_names()}, got {model.name!r}")
+    for field in ("d_model", "num_layers"):
+        if model[field] <= 0:
+            raise ValueError(f"model.{field} must be > 0, got {model[field]}")
+    if model.d_ff < 0:
+        raise ValueError(f"model.d_ff must be >= 0 (0: no MLP), got {model.d_ff}")
+    mamba = dict(model.mamba)
+    if model.name == "polar_mamba":
+        mamba.setdefault("polarize", (1, 1))
+    return LanguageModel(
+        vocab_size=vocab_size,
+        d_model=model.d_model,
+        pattern=PATTERNS[model.name](model.num_layers),
+        d_ff=model.d_ff or None,
+        mamba=mamba,
+        mamba2=dict(model.mamba2),
+        gdn=dict(model.gdn),
+        attention=dict(model.attention),
+        **dtypes,
+    )

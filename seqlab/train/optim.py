@@ -1,0 +1,61 @@
+"""The optimizer of a run, from the `optimizer` block of its config.
+
+name            "adamw" | "adam" | "sgd"
+learning_rate   peak learning rate
+schedule        "constant" | "cosine": linear warmup over `warmup_steps`, then constant, or a
+                cosine decay to `learning_rate * final_fraction` at `total_steps`
+weight_decay    decoupled weight decay (adamw only)
+b1, b2, eps     Adam moments and epsilon
+grad_clip       global-norm clipping threshold, or 0 for none
+"""
+
+import optax
+
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SCHEDULES = ("constant", "cosine")
+
+
+def make_schedule(opt, total_steps: int) -> optax.Schedule:
+    """Learning rate as a function of the step (see the module docstring)."""
+    if opt.schedule not in SCHEDULES:
+        raise ValueError(f"optimizer.schedule must be one of {SCHEDULES}, got {opt.schedule!r}")
+    if not opt.learning_rate > 0:
+        raise ValueError(f"optimizer.learning_rate must be > 0, got {opt.learning_rate}")
+    if opt.warmup_steps < 0:
+        raise ValueError(f"optimizer.warmup_steps must be >= 0, got {opt.warmup_steps}")
+    if opt.schedule == "constant":
+        if opt.warmup_steps == 0:
+            return optax.constant_schedule(opt.learning_rate)
+        warmup = optax.linear_schedule(0.0, opt.learning_rate, opt.warmup_steps)
+        constant = optax.constant_schedule(opt.learning_rate)
+        return optax.join_schedules([warmup, constant], [opt.warmup_steps])
+    if opt.warmup_steps >= total_steps:
+        raise ValueError(
+            f"optimizer.warmup_steps must be < total_steps = {total_steps} for a cosine schedule, "
+            f"got {opt.warmup_steps}"
+        )
+    return optax.warmup_cosine_decay_schedule(
+        0.0,
+        opt.learning_rate,
+        opt.warmup_steps,
+        total_steps,
+        end_value=opt.learning_rate * opt.final_fraction,
+    )
+
+
+def make_optimizer(opt, total_steps: int) -> optax.GradientTransformation:
+    """The optax transformation of the config block `opt` (see the module docstring)."""
+    if opt.name not in OPTIMIZERS:
+        raise ValueError(f"optimizer.name must be one of {OPTIMIZERS}, got {opt.name!r}")
+    if opt.grad_clip < 0:
+        raise ValueError(f"optimizer.grad_clip must be >= 0, got {opt.grad_clip}")
+    lr = make_schedule(opt, total_steps)
+    if opt.name == "adamw":
+        tx = optax.adamw(lr, opt.b1, opt.b2, opt.eps, weight_decay=opt.weight_decay)
+    elif opt.name == "adam":
+        tx = optax.adam(lr, opt.b1, opt.b2, opt.eps)
+    else:
+        tx = optax.sgd(lr)
+    if opt.grad_clip > 0:
+        tx = optax.chain(optax.clip_by_global_norm(opt.grad_clip), tx)
+    return tx

@@ -1,0 +1,66 @@
+"""Tests of seqlab.train.checkpoint: exact round trip of a train state (sharded too), the save
+interval, keep-N, the latest step, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from seqlab.train import mesh as mesh_lib
+from seqlab.train.checkpoint import Checkpointer
+
+
+def _state(scale: float):
+    return {
+        "params": {"w": jnp.arange(24, dtype=jnp.float32).reshape(6, 4) * scale},
+        "opt": (jnp.full((3,), scale, jnp.float64), jnp.asarray(7, jnp.int32)),
+    }
+
+
+def test_interval_keep_and_exact_restore(tmp_path):
+    ckpt = Checkpointer(tmp_path / "c", every=2, keep=2)
+    assert ckpt.latest_step() is None
+    started = [ckpt.save(step, _state(step)) for step in range(1, 7)]
+    assert started == [False, True, False, True, False, True]
+    assert ckpt.save(7, _state(7), force=True)
+    assert not ckpt.save(7, _state(8), force=True)  # already saved: never overwritten
+    ckpt.wait()
+    assert ckpt.all_steps() == [6, 7] and ckpt.latest_step() == 7
+    restored = ckpt.restore(_state(0.0), step=6)
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(_state(6)), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    ckpt.close()
+    reopened = Checkpointer(tmp_path / "c", every=2, keep=2)
+    assert reopened.latest_step() == 7
+    np.testing.assert_array_equal(
+        reopened.restore(_state(0.0))["params"]["w"], _state(7)["params"]["w"]
+    )
+    reopened.close()
+
+
+def test_restore_takes_the_target_sharding(tmp_path):
+    mesh = mesh_lib.make_mesh(2, 2)
+    state = _state(3.0)
+    shardings = mesh_lib.state_shardings(state, mesh)
+    ckpt = Checkpointer(tmp_path, every=1, keep=1)
+    ckpt.save(1, jax.device_put(state, shardings))
+    ckpt.wait()
+    target = jax.device_put(_state(0.0), shardings)
+    restored = ckpt.restore(target)
+    assert restored["params"]["w"].sharding == shardings["params"]["w"]
+    np.testing.assert_array_equal(
+        np.asarray(restored["params"]["w"]), np.asarray(state["params"]["w"])
+    )
+    ckpt.close()
+
+
+def test_errors(tmp_path):
+    with pytest.raises(ValueError, match="every"):
+        Checkpointer(tmp_path, every=0, keep=1)
+    with pytest.raises(ValueError, match="keep"):
+        Checkpointer(tmp_path, every=1, keep=0)
+    ckpt = Checkpointer(tmp_path / "empty", every=1, keep=1)
+    with pytest.raises(ValueError, match="no checkpoint"):
+        ckpt.restore(_state(0.0))
+    ckpt.close()
