@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 # The paper packages `python -m theory` runs, in order: `theory.<name>.claims` defines `PAPER`.
-PAPERS = ("ssm_bottleneck", "mamba_dynamics")
+PAPERS = ("ssm_bottleneck", "mamba_dynamics", "sparse_embeddings", "coordinated_sampling")
 
 VERDICTS = ("holds", "fails", "inconclusive")
 

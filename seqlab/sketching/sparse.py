@@ -1,0 +1,156 @@
+"""Sparse vectors as `indices + values`, and the stateless hashes every sketch derives from a seed.
+
+Representation (`SparseVectors`): a batch of vectors in `R^dim` stored as `indices: [..., s]` int32
+and `values: [..., s]` floating, `s` slots per vector. Padding convention: a slot whose value is 0
+contributes nothing (its index must still lie in `[0, dim)`; use 0). Indices of the non-zero slots
+of one vector must be distinct. Every map and sketch in `seqlab.sketching` touches only the `s`
+slots, never a `[..., dim]` array, so `dim` may be huge.
+
+Why not `jax.experimental.sparse.BCOO`: its batched layout is the same pair of arrays, but it is
+experimental, its padding convention (out-of-range indices) has changed between releases, and we
+need nothing from its sparse rules; a plain pair of arrays is stable across jax 0.10 and 0.11.
+
+Hashing: a row's or a coordinate's random fate is `jax.random.fold_in(base, id)` of its integer id
+(row key or coordinate index), a threefry hash, so it depends only on `(seed, id)`, never on the
+position of the row in its table: two parties that sketch their tables separately with the same
+seed draw the same numbers for the same keys.
+"""
+
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from seqlab.ops._checks import check_floating, check_positive_int
+
+# Domain tags folded into the base key so that different sketches built from one seed draw
+# independent numbers.
+SAMPLING, JL, COUNTSKETCH = 0, 1, 2
+
+
+@flax.struct.dataclass
+class SparseVectors:
+    """Vectors in `R^dim`: `indices: [..., s]` int32 and `values: [..., s]`; zero-valued slots are
+    padding (see the module docstring)."""
+
+    indices: jax.Array
+    values: jax.Array
+    dim: int = flax.struct.field(pytree_node=False)
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return self.values.shape[:-1]
+
+    @property
+    def slots(self) -> int:
+        return self.values.shape[-1]
+
+
+def sparse_vectors(indices, values, dim: int) -> SparseVectors:
+    """Validated `SparseVectors`: `indices` integer and `values` floating, both `[..., s]`.
+
+    Index ranges are checked only when the indices are concrete (not under `jit`).
+    """
+    check_positive_int("dim", dim)
+    check_floating("values", values)
+    if not jnp.issubdtype(jnp.result_type(indices), jnp.integer):
+        raise ValueError(f"indices must be an integer array, got dtype {jnp.result_type(indices)}")
+    if jnp.shape(indices) != jnp.shape(values) or jnp.ndim(values) < 1:
+        raise ValueError(
+            f"indices and values must have the same shape [..., s], got {jnp.shape(indices)} "
+            f"and {jnp.shape(values)}"
+        )
+    if not isinstance(indices, jax.core.Tracer) and jnp.size(indices):
+        lo, hi = int(jnp.min(indices)), int(jnp.max(indices))
+        if lo < 0 or hi >= dim:
+            raise ValueError(f"indices must lie in [0, dim={dim}), got range [{lo}, {hi}]")
+    return SparseVectors(jnp.asarray(indices, jnp.int32), jnp.asarray(values), dim)
+
+
+def from_dense(x: jax.Array, slots: int) -> SparseVectors:
+    """`x: [..., d]` as `SparseVectors` with `slots` slots: its `slots` entries of largest magnitude
+    (exact when every vector has at most `slots` non-zeros; the rest of the slots are padding)."""
+    check_floating("x", x)
+    check_positive_int("slots", slots)
+    if jnp.ndim(x) < 1 or slots > jnp.shape(x)[-1]:
+        raise ValueError(f"x must be [..., d] with d >= slots = {slots}, got {jnp.shape(x)}")
+    _, idx = jax.lax.top_k(jnp.abs(x), slots)
+    vals = jnp.take_along_axis(x, idx, axis=-1)
+    idx = jnp.where(vals == 0, 0, idx)  # padding convention: zero value, index 0
+    return SparseVectors(idx.astype(jnp.int32), vals, x.shape[-1])
+
+
+def to_dense(x: SparseVectors) -> jax.Array:
+    """`[..., dim]` dense array of `x` (for tests and small `dim` only)."""
+    flat_i = x.indices.reshape(-1, x.slots)
+    flat_v = x.values.reshape(-1, x.slots)
+    rows = jnp.arange(flat_v.shape[0])[:, None]
+    dense = jnp.zeros((flat_v.shape[0], x.dim), x.values.dtype).at[rows, flat_i].add(flat_v)
+    return dense.reshape(*x.batch_shape, x.dim)
+
+
+def as_sparse(name: str, x, dim: int | None = None) -> SparseVectors:
+    """`x` (dense `[..., d]` or `SparseVectors`) as `SparseVectors`; dense rows use all `d` slots.
+
+    Raises `ValueError` naming `name` when `x` is not floating or its dimension is not `dim`.
+    """
+    if isinstance(x, SparseVectors):
+        check_floating(name, x.values)
+        if dim is not None and x.dim != dim:
+            raise ValueError(f"{name} must be vectors of dimension {dim}, got dim = {x.dim}")
+        return x
+    check_floating(name, x)
+    if jnp.ndim(x) < 1 or (dim is not None and jnp.shape(x)[-1] != dim):
+        want = "[..., d]" if dim is None else f"[..., {dim}]"
+        raise ValueError(f"{name} must have shape {want}, got {jnp.shape(x)}")
+    x = jnp.asarray(x)
+    idx = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
+    return SparseVectors(idx, x, x.shape[-1])
+
+
+def squared_norms(x: SparseVectors) -> jax.Array:
+    """`||x||_2^2: [...]` (padding contributes 0)."""
+    return jnp.sum(x.values * x.values, axis=-1)
+
+
+def nonzeros(x: SparseVectors) -> jax.Array:
+    """Number of non-zero values per vector, `[...]` int32."""
+    return jnp.sum(x.values != 0, axis=-1, dtype=jnp.int32)
+
+
+def base_key(seed, tag: int) -> jax.Array:
+    """The PRNG key of a shared integer `seed` for the sketch family `tag`."""
+    return jax.random.fold_in(jax.random.key(seed), tag)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def hashed_uniforms(key: jax.Array, ids: jax.Array, dtype) -> jax.Array:
+    """`u(id)` uniform in `(0, 1]`, one per entry of the integer array `ids` (any shape), a
+    function of `(key, id)` alone."""
+    flat = ids.reshape(-1)
+    u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i), dtype=dtype))(flat)
+    return (1 - u).reshape(ids.shape)  # uniform() is in [0, 1); 1 - u is in (0, 1]
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def hashed_normals(key: jax.Array, ids: jax.Array, k: int, dtype) -> jax.Array:
+    """`g(id): [..., k]` standard normal per entry of `ids`, a function of `(key, id)` alone."""
+    flat = ids.reshape(-1)
+    g = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (k,), dtype))(flat)
+    return g.reshape(*ids.shape, k)
+
+
+@jax.jit
+def hashed_buckets(key: jax.Array, ids: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
+    """`(bucket in [0, m) int32, sign in {-1, +1} int32)` per entry of `ids`, from `(key, id)`
+    (`m` may be traced: one compilation serves every bucket count).
+
+        `bucket = bits mod m` of 32 random bits: each bucket's probability is within `m / 2^32` of
+        `1/m` (relative), far below any effect measured here.
+    """
+    flat = ids.reshape(-1)
+    bits = jax.vmap(lambda i: jax.random.bits(jax.random.fold_in(key, i), (2,), jnp.uint32))(flat)
+    bucket = (bits[:, 0] % jnp.asarray(m, jnp.uint32)).astype(jnp.int32)
+    sign = 1 - 2 * (bits[:, 1] & 1).astype(jnp.int32)
+    return bucket.reshape(ids.shape), sign.reshape(ids.shape)

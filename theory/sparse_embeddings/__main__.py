@@ -1,0 +1,9 @@
+"""This paper's claims only: `python -m theory.sparse_embeddings [--out DIR] [--full]
+[--only ID]`."""
+
+from absl import app
+
+from theory import runner
+
+if __name__ == "__main__":
+    app.run(runner.main_for(["sparse_embeddings"]))
