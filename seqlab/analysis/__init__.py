@@ -1,1 +1,2 @@
-"""Measurements on any model: Jacobian influence (`seqlab.analysis.influence`)."""
+"""Measurements on any model: Jacobian influence (`influence`), token similarity (`similarity`),
+state transitions (`transitions`)."""

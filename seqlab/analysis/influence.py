@@ -13,6 +13,10 @@ jit-compatible, and batch with `jax.vmap`:
 
     jax.vmap(lambda x: jacobian_influence(fn, x))(xs)   # xs: [B, T, D] -> [B, T, T]
 
+`module_influence(module, params, x)` applies the matrix view to any Flax sequence module taking
+`[B, T, D]` (every mixer, a `Block`), and to a `LanguageModel` through
+`method="logits_from_embeddings"` (influence of input embeddings on logits).
+
 The result has the dtype of the Jacobian (that of `fn`'s output for a floating `x`).
 """
 
@@ -64,3 +68,19 @@ def jacobian_influence(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> ja
         )
     per_feature = token_influence(fn, x)  # [T, D', T]
     return jnp.sqrt(jnp.sum(jnp.square(per_feature), axis=1))
+
+
+def module_influence(module, params, x: jax.Array, *, method=None) -> jax.Array:
+    """`jacobian_influence` of a Flax module applied to one sequence `x: [T, D]`.
+
+    The module (or its `method`) must map `[1, T, D] -> [1, T, D']`: any mixer (`Mamba`, `Mamba2`,
+    `GatedDeltaNet`, `Attention`), a `Block`, or a `LanguageModel` with
+    `method="logits_from_embeddings"`. Returns `I: [T, T]`, `I[t, s] = ||dy_t / dx_s||_F`.
+    """
+    check_floating("x", x)
+    check_shape("x", x, (None, None), "[T, D]")
+
+    def fn(x):
+        return module.apply(params, x[None], method=method)[0]
+
+    return jacobian_influence(fn, x)

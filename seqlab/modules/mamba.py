@@ -10,6 +10,14 @@ Per token (`x: [B, T, d_model]`, `d_inner = expand * d_model`, `N = n_ones + d_s
 
 with `A = -exp(A_log)` for the learnable channels, `D = 1` at init and `S_dt: [dt_rank, d_inner]`,
 `S_B, S_C: [N, d_inner]` the linear maps from the post-conv token to the scan's inputs.
+
+With `reorder=True` (token reordering, Vo et al. arXiv 2410.03292, "Refinement 2") the post-conv
+tokens and the gate are permuted by a soft sort of importance scores before the scan, and the
+scan's output is permuted back:
+
+    s_l = w^T (S_delta u_l + b_dt)                         # S_delta = W_dt S_dt, [B, T]
+    P   = softsort(s, tau)                                 # [B, T, T], rows sum to 1
+    y   = P^T selective_scan(P u, ..., z = P z)            # B, C, delta recomputed from P u
 """
 
 import math
@@ -87,8 +95,20 @@ class Mamba(nn.Module):
       sign_constraint: None, "pos", "neg" or "mixed" (see above).
       use_bias: biases in in_proj and out_proj.
       conv_bias: bias in the convolution.
+      reorder: token reordering by importance (see the module docstring). The order depends on
+        the whole sequence, so the mixer is no longer causal; `init_cache` and `step` raise
+        `NotImplementedError` (a decoding step cannot reorder tokens that have not arrived).
+      reorder_tau: SoftSort temperature (> 0). Small values approach a permutation; the
+        authors' code uses 1, where rows of `P` average several tokens instead of permuting them.
+      reorder_hard: straight-through SoftSort: the forward pass uses the exact permutation
+        `one_hot(argsort(s))` (ties broken by position, so it is always a permutation), gradients
+        flow through the soft matrix.
       impl: passed to `selective_scan` (None, "sequential", "parallel").
       dtype: compute dtype; param_dtype: parameter dtype.
+
+    Unlike the authors' code (Fsoft-AIC/Mamba-token-dynamic, MambaVision), reordering is a
+    per-layer option (theirs reorders only the first block of a stage), the gate `z` is permuted
+    with the tokens, and the output is permuted back to the input order (theirs leaves it sorted).
     """
 
     d_model: int
@@ -104,6 +124,9 @@ class Mamba(nn.Module):
     sign_constraint: str | None = None
     use_bias: bool = False
     conv_bias: bool = True
+    reorder: bool = False
+    reorder_tau: float = 0.1
+    reorder_hard: bool = False
     impl: str | None = None
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
@@ -143,6 +166,8 @@ class Mamba(nn.Module):
         if not self.polar_zero_A <= 0:
             raise ValueError(f"polar_zero_A must be <= 0, got {self.polar_zero_A}")
         check_choice("sign_constraint", self.sign_constraint, SIGN_CONSTRAINTS)
+        if not self.reorder_tau > 0:
+            raise ValueError(f"reorder_tau must be > 0, got {self.reorder_tau}")
         if self.sign_constraint == "mixed" and self.n_total < 2:
             raise ValueError("sign_constraint='mixed' needs at least 2 state channels in all")
 
@@ -172,6 +197,8 @@ class Mamba(nn.Module):
         self.dt_bias = self.param("dt_bias", dt_init, (d_inner,), pd)
         self.A_log = self.param("A_log", _s4d_real_init, (d_inner, self.d_state), pd)
         self.D = self.param("D", nn.initializers.ones, (d_inner,), pd)
+        if self.reorder:
+            self.importance = self.param("importance", x_init, (d_inner,), pd)
         self.out_proj = nn.Dense(
             self.d_model,
             use_bias=self.use_bias,
@@ -256,26 +283,71 @@ class Mamba(nn.Module):
             delta_softplus=True,
         )
 
+    def s6_inputs(self, u: jax.Array) -> dict:
+        """`selective_scan` keyword arguments of the bare S6 map on post-conv tokens
+        `u: [B, T, d_inner]`: no skip (`D=None`) and no gate, the layer whose depth limit is the
+        token ODE of Vo et al. (`seqlab.dynamics.mamba_ode`)."""
+        check_floating("u", u)
+        check_shape("u", u, (None, None, self.d_inner), "[B, T, d_inner]")
+        return {**self._ssm_inputs(u.astype(self.dtype), None), "D": None}
+
+    def _tokens(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """`x: [B, T, d_model] -> (u, z)`: post-conv tokens and gate, `[B, T, d_inner]`."""
+        check_floating("x", x)
+        check_shape("x", x, (None, None, self.d_model), "[B, T, d_model]")
+        x_inner, z = self._in_proj(x)
+        return jax.nn.silu(causal_conv1d(x_inner, *self._conv_params())), z
+
+    def importance_scores(self, u: jax.Array) -> jax.Array:
+        """`s_l = w^T (S_delta u_l + b_dt): [B, T]` for post-conv tokens `u: [B, T, d_inner]`
+        (reorder only), with `S_delta u = W_dt S_dt u`, the scan's `delta` before its bias."""
+        s_dt = self.x_proj_maps()[0].astype(self.dtype)
+        delta = jnp.einsum("btd,rd->btr", u, s_dt) @ self.dt_proj.astype(self.dtype)
+        return (delta + self.dt_bias.astype(self.dtype)) @ self.importance.astype(self.dtype)
+
+    def sort_matrix(self, x: jax.Array) -> jax.Array:
+        """The reordering matrix `P: [B, T, T]` of `x: [B, T, d_model]` (reorder only): row `i`
+        picks (softly) the token of `i`-th smallest importance score. See `soft_sort`."""
+        if not self.reorder:
+            raise ValueError("sort_matrix needs reorder=True")
+        return self._inputs_and_order(x)[1]
+
+    def _inputs_and_order(self, x: jax.Array) -> tuple[dict, jax.Array | None]:
+        """`(scan inputs, P or None)`: with reorder, the inputs are those of `P u` and `P z`."""
+        u, z = self._tokens(x)
+        if not self.reorder:
+            return self._ssm_inputs(u, z), None
+        perm = soft_sort(self.importance_scores(u), self.reorder_tau, hard=self.reorder_hard)
+        u, z = (jnp.einsum("bij,bjd->bid", perm, v) for v in (u, z))
+        return self._ssm_inputs(u, z), perm
+
     def scan_inputs(self, x: jax.Array) -> dict:
         """The `selective_scan` keyword arguments for `x: [B, T, d_model]`.
 
         `selective_scan(**scan_inputs(x))` is the mixer's output before out_proj,
-        `[B, T, d_inner]`. `u, delta, z: [B, T, d_inner]` and `B, C: [B, T, N]` are in the compute
-        dtype; `A: [d_inner, N]` and `D, delta_bias: [d_inner]` in float32 (float64 for a float64
-        compute dtype). Add `initial_state` and `return_final_state=True` to read the SSM state.
+        `[B, T, d_inner]` (with `reorder`, in the sorted order: `__call__` multiplies it by `P^T`).
+        `u, delta, z: [B, T, d_inner]` and `B, C: [B, T, N]` are in the compute dtype;
+        `A: [d_inner, N]` and `D, delta_bias: [d_inner]` in float32 (float64 for a float64 compute
+        dtype). Add `initial_state` and `return_final_state=True` to read the SSM state.
         """
-        check_floating("x", x)
-        check_shape("x", x, (None, None, self.d_model), "[B, T, d_model]")
-        x_inner, z = self._in_proj(x)
-        u = jax.nn.silu(causal_conv1d(x_inner, *self._conv_params()))
-        return self._ssm_inputs(u, z)
+        return self._inputs_and_order(x)[0]
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x: [B, T, d_model] -> [B, T, d_model]` in the compute dtype."""
-        y = selective_scan(**self.scan_inputs(x), impl=self.impl)
+        inputs, perm = self._inputs_and_order(x)
+        y = selective_scan(**inputs, impl=self.impl)
+        if perm is not None:  # back to the input order: y <- P^T y (the inverse of a permutation)
+            y = jnp.einsum("bij,bid->bjd", perm, y)
         return self.out_proj(y)
 
     # -- decoding -------------------------------------------------------------------------------
+
+    def _check_decodable(self) -> None:
+        if self.reorder:
+            raise NotImplementedError(
+                "Mamba(reorder=True) cannot decode step by step: the token order depends on the "
+                "importance scores of the whole sequence, including tokens not yet seen"
+            )
 
     def init_cache(self, batch_size: int, max_len: int) -> dict:
         """Zero decoding cache.
@@ -284,6 +356,7 @@ class Mamba(nn.Module):
         (float32, float64 for a float64 compute dtype)}`. `max_len` is unused (Mamba's state has a
         fixed size); it is part of the interface every mixer shares.
         """
+        self._check_decodable()
         check_positive_int("batch_size", batch_size)
         del max_len
         acc = jnp.promote_types(self.dtype, jnp.float32)
@@ -297,6 +370,7 @@ class Mamba(nn.Module):
 
         Token by token it computes what `__call__` computes on the whole sequence.
         """
+        self._check_decodable()
         check_floating("x_t", x_t)
         check_shape("x_t", x_t, (None, self.d_model), "[B, d_model]")
         x_inner, z = self._in_proj(x_t)
@@ -307,3 +381,20 @@ class Mamba(nn.Module):
             **inputs, initial_state=cache["ssm"], return_final_state=True, impl=self.impl
         )
         return self.out_proj(y[:, 0]), {"conv": conv_state, "ssm": ssm_state}
+
+
+def soft_sort(scores: jax.Array, tau: float, *, hard: bool = False) -> jax.Array:
+    """SoftSort (Prillo and Eisenschlos, 2020) in ascending order: `scores: [B, T] -> P: [B, T, T]`.
+
+    `P[b, i, j] = softmax_j(-|sorted_i - s_j| / tau)` with `sorted = sort(s)` ascending, so `P s`
+    approaches `sorted` as `tau -> 0`. With `hard`, the forward value is the exact permutation
+    matrix `one_hot(argsort(s))` (a stable sort: ties keep their order) and the gradient is that of
+    the soft matrix (straight-through). Computed in float32 or wider.
+    """
+    s = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))
+    ordered = jnp.sort(s, axis=-1)
+    soft = jax.nn.softmax(-jnp.abs(ordered[:, :, None] - s[:, None, :]) / tau, axis=-1)
+    if hard:
+        exact = jax.nn.one_hot(jnp.argsort(s, axis=-1, stable=True), s.shape[-1], dtype=s.dtype)
+        soft = soft + jax.lax.stop_gradient(exact - soft)
+    return soft.astype(scores.dtype)

@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seqlab.analysis.influence import jacobian_influence, token_influence
+from seqlab.analysis.influence import jacobian_influence, module_influence, token_influence
+from seqlab.modules.lm import preset
+from seqlab.modules.mamba import Mamba
 from seqlab.ops.conv import causal_conv1d
 from tests.conftest import assert_close
 
@@ -101,3 +103,32 @@ def test_bad_inputs_name_the_argument():
         token_influence(fn, jnp.zeros((4, 2), jnp.int32))
     with pytest.raises(ValueError, match=r"fn must map x \[T, D\]"):
         jacobian_influence(lambda x: x.sum(0), jnp.zeros((4, 2), jnp.float32))
+
+
+def _influence(module, params, x, method=None):
+    return np.asarray(
+        jax.jit(lambda p, x: module_influence(module, p, x, method=method))(params, x)
+    )
+
+
+def test_module_influence_on_mixers():
+    T, D = 5, 2
+    x = _normal(7, (T, D), jnp.float32)
+    above = np.triu_indices(T, k=1)
+    causal = Mamba(d_model=D, d_state=2)
+    infl = _influence(causal, jax.jit(causal.init)(jax.random.key(0), x[None]), x)
+    assert infl.shape == (T, T) and np.all(infl[above] == 0.0) and np.all(np.diag(infl) > 0)
+    # The reordering mixer looks at the whole sequence: the same measurement shows it.
+    mixer = Mamba(d_model=D, d_state=2, reorder=True, reorder_tau=1.0)
+    infl = _influence(mixer, jax.jit(mixer.init)(jax.random.key(0), x[None]), x)
+    assert np.any(infl[above] > 0.0)
+
+
+def test_module_influence_on_a_language_model():
+    T = 5
+    above = np.triu_indices(T, k=1)
+    model = preset("tiny-mamba")
+    lm_params = jax.jit(model.init)(jax.random.key(1), jnp.zeros((1, T), jnp.int32))
+    h = _normal(8, (T, model.d_model), jnp.float32)
+    infl = _influence(model, lm_params, h, method="logits_from_embeddings")
+    assert infl.shape == (T, T) and np.all(infl[above] == 0.0)

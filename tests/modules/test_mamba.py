@@ -1,4 +1,5 @@
-"""Mamba-1 mixer: shapes, decoding, causality, polarization, init, sign constraints, errors."""
+"""Mamba-1 mixer: shapes, decoding, causality, polarization, init, sign constraints, token
+reordering, errors."""
 
 import functools
 
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seqlab.modules.mamba import Mamba
+from seqlab.modules.mamba import Mamba, soft_sort
 from seqlab.ops.selective_scan import selective_scan
 from tests.conftest import assert_close, tolerance
 
@@ -253,3 +254,87 @@ def test_bad_inputs():
         m.init_cache(0, 3)
     with pytest.raises(ValueError, match="d_model"):
         Mamba(0)
+
+
+# -- token reordering (Vo et al., Refinement 2) ----------------------------------------------
+
+
+def _reorder_model(dtype=jnp.float32, **kwargs):
+    m = Mamba(D_MODEL, d_state=D_STATE, reorder=True, dtype=dtype, param_dtype=dtype, **kwargs)
+    return m, jax.jit(m.init)(jax.random.key(2), jnp.zeros(SHAPE, dtype))
+
+
+def _reordered_reference(m, params, x):
+    """Hard reordering spelled out: argsort the scores, gather u and z, scan, scatter back."""
+    p = params["params"]
+    u, z = m.apply(params, x, method="_tokens")
+    s_dt = p["x_proj"][:, : m.effective_dt_rank]  # [d_inner, rank]
+    scores = (u @ s_dt @ p["dt_proj"] + p["dt_bias"]) @ p["importance"]  # [B, T]
+    order = jnp.argsort(scores, axis=-1, stable=True)
+    gather = jax.vmap(lambda v, o: v[o])
+    inputs = m.apply(params, gather(u, order), gather(z, order), method="_ssm_inputs")
+    y_sorted = selective_scan(**inputs)
+    y = jax.vmap(lambda v, o: jnp.zeros_like(v).at[o].set(v))(y_sorted, order)
+    return y @ p["out_proj"]["kernel"]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_hard_reorder_is_sort_scan_unsort(dtype):
+    m, params = _reorder_model(dtype, reorder_hard=True)
+    x = _x(dtype)
+    got, want, perm = jax.jit(
+        lambda p, x: (
+            m.apply(p, x),
+            _reordered_reference(m, p, x),
+            m.apply(p, x, method="sort_matrix"),
+        )
+    )(params, x)
+    assert_close(got, want)
+    perm = np.asarray(perm)
+    np.testing.assert_array_equal(np.sort(perm, axis=-1)[..., -1], 1.0)  # one 1 per row
+    np.testing.assert_array_equal(perm.sum(axis=1), 1.0)  # and per column: a permutation
+
+
+def test_soft_sort_approaches_the_permutation_and_mixes_at_tau_one():
+    s = jnp.asarray(np.random.default_rng(3).normal(size=(2, 9)))
+    exact = jax.nn.one_hot(jnp.argsort(s, axis=-1), 9)
+    cold, warm = soft_sort(s, 1e-3), soft_sort(s, 1.0)
+    np.testing.assert_allclose(np.asarray(cold.sum(-1)), 1.0, rtol=1e-12)
+    # Not a fast path but an approximation: neighbours leak exp(-gap / tau) into each row.
+    np.testing.assert_allclose(np.asarray(cold @ s[..., None])[..., 0], np.sort(s, -1), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(cold), np.asarray(exact), atol=1e-6)
+    assert float(jnp.max(warm)) < 0.9  # tau = 1 (the authors' value) averages tokens
+    hard = soft_sort(s, 1.0, hard=True)
+    np.testing.assert_array_equal(np.asarray(hard), np.asarray(exact))
+    # Straight-through: the hard forward carries the soft gradient.
+    g_hard = jax.grad(lambda s: (soft_sort(s, 1.0, hard=True) * exact).sum())(s)
+    g_soft = jax.grad(lambda s: (soft_sort(s, 1.0) * exact).sum())(s)
+    assert_close(g_hard, g_soft)
+    # Ties still give a permutation.
+    tied = soft_sort(jnp.zeros((1, 4)), 0.1, hard=True)
+    np.testing.assert_array_equal(np.asarray(tied[0]), np.eye(4))
+
+
+def test_soft_reorder_trains_the_importance_weights():
+    m, params = _reorder_model(jnp.float64, reorder_tau=0.5)
+    x = _x(jnp.float64)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(m.apply(p, x) ** 2)))(params)
+    assert float(jnp.abs(grads["params"]["importance"]).max()) > 0
+    # A cold soft sort agrees with the hard one up to its softness.
+    cold = m.clone(reorder_tau=1e-6)
+    hard = m.clone(reorder_hard=True)
+    got, want = jax.jit(lambda p: (cold.apply(p, x), hard.apply(p, x)))(params)
+    assert_close(got, want)
+
+
+def test_reorder_cannot_decode():
+    m, params = _reorder_model()
+    with pytest.raises(NotImplementedError, match="cannot decode"):
+        m.init_cache(2, 16)
+    with pytest.raises(NotImplementedError, match="cannot decode"):
+        m.apply(params, _x()[:, 0], {}, method="step")
+    with pytest.raises(ValueError, match="reorder_tau"):
+        Mamba(D_MODEL, reorder=True, reorder_tau=0.0)
+    plain, plain_params = _model()
+    with pytest.raises(ValueError, match="reorder=True"):
+        plain.apply(plain_params, _x(), method="sort_matrix")

@@ -1,0 +1,1 @@
+"""Continuous-time dynamics: token vector fields and their integration (`mamba_ode`)."""
