@@ -17,49 +17,20 @@ limit) to train worst. Results: experiments/RESULTS.md.
     python -m experiments.launch --config=experiments/configs/sign_constraint.py:runlocal \
         --workdir=/tmp/sign-local
 
-runs a 1-layer model of width 16 for 8 steps.
+runs `mqar.py:runlocal` (a 1-layer model of width 16, 8 steps) with the constraint.
 """
 
-from experiments.configs.base import base_config, model_block, parse_arg
+from experiments.configs import mqar
+from experiments.configs.base import parse_arg
 
 SIGNS = ("pos", "neg", "mixed", "none")
 
 
 def get_config(arg: str | None = None):
+    """`mqar.py`'s Mamba run with the sign constraint of `arg` (module docstring)."""
     args = parse_arg(arg, {"sign": SIGNS, "runlocal": ()})
+    config = mqar.get_config("model=mamba" + (",runlocal" if args.get("runlocal") else ""))
     sign = args.get("sign", "pos")
-    config = base_config()
-    config.model = model_block("mamba", d_model=64, num_layers=2)
-    config.model.mamba.d_state = 16
     if sign != "none":
         config.model.mamba.sign_constraint = sign
-    config.data = dict(
-        name="mqar",
-        seq_len=32,
-        vocab_size=64,
-        num_kv_pairs=(2, 4, 8),
-        eval_num_kv_pairs=(2, 4, 8),
-        power_a=0.01,
-    )
-    config.total_steps = 1000
-    config.batch_size = 32
-    config.checkpoint_every = 250
-    config.log_every = 25
-    config.eval_every = 250
-    config.eval_batches = 8
-    config.optimizer.learning_rate = 1e-2
-    config.optimizer.warmup_steps = 100
-
-    if args.get("runlocal"):
-        config.model.d_model = 16
-        config.model.num_layers = 1
-        config.model.mamba.d_state = 4
-        config.data.update(num_kv_pairs=(2, 4), eval_num_kv_pairs=(4,))
-        config.total_steps = 8
-        config.batch_size = 8
-        config.checkpoint_every = 4
-        config.log_every = 2
-        config.eval_every = 4
-        config.eval_batches = 1
-        config.optimizer.warmup_steps = 2
     return config
