@@ -154,23 +154,34 @@ def run(
     return 0
 
 
-def main_for(papers: Sequence[str]):
+def main_for(papers: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS):
     """An `absl.app` main running the papers named `papers`.
 
-    Defines the flags `--out`, `--full`, `--only`, `--seed` on first use (not at import, so that
-    importing the runner adds no flags to another program).
+    Defines the flags `--out`, `--full`, `--only`, `--seed` in `flag_values` on first use (not at
+    import, so that importing the runner adds no flags to another program).
     """
-    if "only" not in flags.FLAGS:
-        flags.DEFINE_string("out", "report", "Report folder: claims.json, report.md, figures/.")
-        flags.DEFINE_bool("full", False, "Paper size instead of the quick size.")
-        flags.DEFINE_list("only", [], "Claim ids or paper names to run (default: all).")
-        flags.DEFINE_integer("seed", 0, "Base seed; each claim folds in a hash of its id.")
+    if "only" not in flag_values:
+        flags.DEFINE_string(
+            "out",
+            "report",
+            "Report folder: claims.json, report.md, figures/.",
+            flag_values=flag_values,
+        )
+        flags.DEFINE_bool(
+            "full", False, "Paper size instead of the quick size.", flag_values=flag_values
+        )
+        flags.DEFINE_list(
+            "only", [], "Claim ids or paper names to run (default: all).", flag_values=flag_values
+        )
+        flags.DEFINE_integer(
+            "seed", 0, "Base seed; each claim folds in a hash of its id.", flag_values=flag_values
+        )
 
     def main(argv):
         if len(argv) > 1:
             print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
             return 2
-        f = flags.FLAGS
+        f = flag_values
         return run(registry.load_papers(papers), out=f.out, full=f.full, only=f.only, seed=f.seed)
 
     return main

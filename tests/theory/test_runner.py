@@ -106,12 +106,9 @@ def test_every_listed_paper_registers_claims():
 
 
 def test_main_rejects_an_unknown_claim_name(tmp_path, capsys):
-    main = runner.main_for(registry.PAPERS)  # defines the flags
-    argv = flags.FLAGS(["theory", "--only=no_such_claim", f"--out={tmp_path}"])
-    try:
-        status = main(argv)
-    finally:
-        flags.FLAGS.unparse_flags()  # leave absl's global state as the session found it
+    flag_values = flags.FlagValues()  # absl's global FLAGS may already hold another program's --out
+    main = runner.main_for(registry.PAPERS, flag_values)
+    status = main(flag_values(["theory", "--only=no_such_claim", f"--out={tmp_path}"]))
     assert status != 0
     err = capsys.readouterr().err
     assert "no_such_claim" in err and "polar_zero_channel_forgets" in err
