@@ -14,9 +14,15 @@ exits 0; a non-finite loss or gradient stops the run (exit 1) with the step name
 checkpoints of the good steps untouched (the step's metrics are read back after every step, one
 host sync per step, so the bad step is named exactly). `--distributed` calls
 `jax.distributed.initialize()` first (several hosts).
+
+Fine-tuning: a config with `init_from = WORKDIR` starts (step 0, fresh optimizer) from the
+parameters of that run's latest checkpoint; parameters the source lacks (LoRA factors) keep their
+initialization. A run that has checkpoints of its own resumes from them and never reads
+`init_from`. `optimizer.trainable` restricts the updates to some parameters (`seqlab.train.optim`).
 """
 
 import functools
+import pathlib
 import signal
 import sys
 import time
@@ -26,7 +32,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from seqlab.train import mesh as mesh_lib
-from seqlab.train.checkpoint import Checkpointer
+from seqlab.train.checkpoint import Checkpointer, restore_params
 from seqlab.train.data import make_datasets
 from seqlab.train.metrics import MetricsWriter
 from seqlab.train.models import build_model
@@ -60,6 +66,9 @@ def validate(config) -> None:
             raise ValueError(f"config.{key} must be a positive int, got {value!r}")
     if not isinstance(config.seed, int) or config.seed < 0:
         raise ValueError(f"config.seed must be an int >= 0, got {config.seed!r}")
+    init_from = config.get("init_from", "")
+    if init_from and not (pathlib.Path(init_from) / "checkpoints").is_dir():
+        raise ValueError(f"config.init_from = {init_from!r} is not a workdir with checkpoints")
 
 
 class _Run:
@@ -127,6 +136,10 @@ def train(config, workdir: str, devices=None) -> dict:
     if resume is not None:
         state = ckpt.restore(state, resume)
         logging.info("resumed from the checkpoint of step %d", resume)
+    elif config.get("init_from", ""):
+        params, kept = restore_params(f"{config.init_from}/checkpoints", state.params)
+        state = state.replace(params=params)
+        logging.info("parameters from %s; kept at their init: %s", config.init_from, kept)
     writer = MetricsWriter(workdir, resume_step=resume) if jax.process_index() == 0 else None
     if writer:
         writer.write_config(config.to_dict())

@@ -16,7 +16,14 @@ from typing import Any
 import jax
 
 # The paper packages `python -m theory` runs, in order: `theory.<name>.claims` defines `PAPER`.
-PAPERS = ("ssm_bottleneck", "mamba_dynamics", "sparse_embeddings", "coordinated_sampling")
+PAPERS = (
+    "ssm_bottleneck",
+    "mamba_dynamics",
+    "sparse_embeddings",
+    "coordinated_sampling",
+    "neural_ode",
+    "metastability",
+)
 
 VERDICTS = ("holds", "fails", "inconclusive")
 

@@ -23,6 +23,7 @@ def model_block(name: str, *, d_model: int, num_layers: int, d_ff: int = 0):
             mamba2=dict(d_state=64, head_dim=32, expand=2, chunk_size=64),
             gdn=dict(num_heads=2, head_dim=32, expand_v=2, chunk_size=64),
             attention=dict(num_heads=2),
+            ode=dict(num_heads=2, time_features=16, hidden=64, lora_rank=0),
         )
     )
 
@@ -51,6 +52,7 @@ def base_config() -> ml_collections.ConfigDict:
             b2=0.98,
             eps=1e-8,
             grad_clip=1.0,
+            trainable="",
         )
     )
     return config

@@ -1,1 +1,2 @@
-"""Continuous-time dynamics: token vector fields and their integration (`mamba_ode`)."""
+"""Continuous-time dynamics: token vector fields and their integration (`mamba_ode`), and
+self-attention particle flows on the sphere (`token_flow`)."""

@@ -5,12 +5,16 @@ every step that is a multiple of `every` (or any step when forced), the newest `
 writes in the background (async) so training continues while the files land. A checkpoint is
 committed atomically (written to a temporary folder, then renamed), so a process killed mid-save
 leaves the previous checkpoint as the latest.
+
+`restore_params(directory, target)` reads only the parameters of another run's latest checkpoint
+(to initialize a fine-tuning run from it), read-only.
 """
 
 import pathlib
 
 import jax
 import orbax.checkpoint as ocp
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 
 class Checkpointer:
@@ -65,3 +69,46 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def restore_params(directory, target: dict) -> tuple[dict, list[str]]:
+    """The `params` of the latest checkpoint under `directory`, placed like `target`.
+
+    `target`: the parameters of the new model (arrays, or `jax.ShapeDtypeStruct`s with
+    `.sharding`), nested dicts. A parameter of `target` that the checkpoint lacks (e.g. LoRA
+    factors added for fine-tuning) keeps its value from `target`. Returns the parameters and the
+    sorted `"a/b/c"` paths of those kept. Raises `ValueError` when there is no checkpoint, when the
+    checkpoint has a parameter `target` lacks, or one of another shape. Nothing is written.
+    """
+    directory = pathlib.Path(directory).absolute()
+    if not directory.is_dir():
+        raise ValueError(f"no checkpoint folder {directory}")
+    options = ocp.CheckpointManagerOptions(read_only=True)
+    handler = ocp.PyTreeCheckpointHandler()
+    with ocp.CheckpointManager(directory, options=options, item_handlers=handler) as manager:
+        step = manager.latest_step()
+        if step is None:
+            raise ValueError(f"no checkpoint in {directory}")
+        saved = flatten_dict(dict(manager.item_metadata(step).tree["params"]), sep="/")
+        wanted = flatten_dict(dict(target), sep="/")
+        extra = sorted(set(saved) - set(wanted))
+        if extra:
+            raise ValueError(
+                f"the checkpoint in {directory} has parameters the model lacks: {extra}"
+            )
+        for path, meta in saved.items():
+            if tuple(meta.shape) != tuple(wanted[path].shape):
+                raise ValueError(
+                    f"parameter {path} has shape {tuple(meta.shape)} in the checkpoint in "
+                    f"{directory}, {tuple(wanted[path].shape)} in the model"
+                )
+        abstract = {
+            "params": unflatten_dict(
+                {p: ocp.utils.to_shape_dtype_struct(wanted[p]) for p in saved}, sep="/"
+            )
+        }
+        restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
+        args = ocp.args.PyTreeRestore(abstract, restore_args=restore_args, partial_restore=True)
+        restored = flatten_dict(manager.restore(step, args=args)["params"], sep="/")
+    kept = sorted(set(wanted) - set(saved))
+    return unflatten_dict({**wanted, **restored}, sep="/"), kept

@@ -1,4 +1,5 @@
-"""The model registry: a `LanguageModel` from the `model` block of an experiment config.
+"""The model registry: a `LanguageModel` (or an `ODETransformer`) from the `model` block of an
+experiment config.
 
     name        a key of `PATTERNS` (the stack is `PATTERNS[name](num_layers)`), or a preset of
                 `seqlab.modules.lm.PRESETS` (its own size; `num_layers` and `d_model` are ignored)
@@ -6,6 +7,10 @@
     mamba, mamba2, gdn, attention   keyword arguments of the mixers (see `LanguageModel`)
     dtype       "float32" | "bfloat16" | "float64": compute dtype; parameters are float32
                 (float64 for a float64 model)
+
+`ode_transformer` is the neural-ODE transformer of `seqlab.modules.ode_transformer`: `num_layers`
+is its default Euler step count, `d_model` and `d_ff` its sizes, and the block `ode` holds
+`num_heads`, `time_features`, `hidden` and `lora_rank`.
 
 `polar_mamba` is Mamba with `polarize=(1, 1)` (one never-forgetting and one fast-forgetting state
 channel per inner channel, Wang et al. arXiv 2501.00658), unless the `model.mamba` block sets
@@ -17,6 +22,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from seqlab.modules.lm import PRESETS, LanguageModel, preset
+from seqlab.modules.ode_transformer import ODETransformer
 
 PATTERNS: dict[str, Callable[[int], str]] = {
     "mamba": lambda n: "m" * n,
@@ -30,26 +36,41 @@ PATTERNS: dict[str, Callable[[int], str]] = {
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
 
 
+ODE_TRANSFORMER = "ode_transformer"
+
+
 def model_names() -> list[str]:
     """Every name `build_model` accepts."""
-    return sorted(PATTERNS) + sorted(PRESETS)
+    return sorted([*PATTERNS, ODE_TRANSFORMER]) + sorted(PRESETS)
 
 
-def build_model(model, vocab_size: int) -> LanguageModel:
-    """The `LanguageModel` of the config block `model` over `vocab_size` tokens."""
+def build_model(model, vocab_size: int) -> LanguageModel | ODETransformer:
+    """The model of the config block `model` over `vocab_size` tokens."""
     if model.dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {model.dtype!r}")
     param_dtype = jnp.float64 if model.dtype == "float64" else jnp.float32
     dtypes = dict(dtype=DTYPES[model.dtype], param_dtype=param_dtype)
     if model.name in PRESETS:
         return preset(model.name, vocab_size=vocab_size, **dtypes)
-    if model.name not in PATTERNS:
+    if model.name not in PATTERNS and model.name != ODE_TRANSFORMER:
         raise ValueError(f"model.name must be one of {model_names()}, got {model.name!r}")
     for field in ("d_model", "num_layers"):
         if model[field] <= 0:
             raise ValueError(f"model.{field} must be > 0, got {model[field]}")
     if model.d_ff < 0:
         raise ValueError(f"model.d_ff must be >= 0 (0: no MLP), got {model.d_ff}")
+    if model.name == ODE_TRANSFORMER:
+        return ODETransformer(
+            vocab_size=vocab_size,
+            d_model=model.d_model,
+            num_heads=model.ode.num_heads,
+            d_ff=model.d_ff,
+            num_steps=model.num_layers,
+            time_features=model.ode.time_features,
+            hidden=model.ode.hidden,
+            lora_rank=model.ode.lora_rank,
+            **dtypes,
+        )
     mamba = dict(model.mamba)
     if model.name == "polar_mamba":
         mamba.setdefault("polarize", (1, 1))

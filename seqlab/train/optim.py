@@ -7,8 +7,12 @@ schedule        "constant" | "cosine": linear warmup over `warmup_steps`, then c
 weight_decay    decoupled weight decay (adamw only)
 b1, b2, eps     Adam moments and epsilon
 grad_clip       global-norm clipping threshold, or 0 for none
+trainable       "" to train every parameter, or a substring: only the parameters whose path
+                (e.g. "wq/lora_u") contains it are updated (clipping, moments and weight decay see
+                only them); every other parameter stays bit-identical (LoRA: "lora")
 """
 
+import jax
 import optax
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -58,4 +62,27 @@ def make_optimizer(opt, total_steps: int) -> optax.GradientTransformation:
         tx = optax.sgd(lr)
     if opt.grad_clip > 0:
         tx = optax.chain(optax.clip_by_global_norm(opt.grad_clip), tx)
+    trainable = opt.get("trainable", "")
+    if trainable:
+        tx = train_only(tx, trainable)
     return tx
+
+
+def param_path(path) -> str:
+    """The path of a parameter as `"a/b/c"` (keys of nested dicts, indices of sequences)."""
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def train_only(tx: optax.GradientTransformation, substring: str) -> optax.GradientTransformation:
+    """`tx` on the parameters whose `param_path` contains `substring`; zero updates (and no
+    optimizer state) for every other parameter."""
+
+    def labels(params):
+        names = jax.tree_util.tree_map_with_path(
+            lambda path, _: "train" if substring in param_path(path) else "freeze", params
+        )
+        if "train" not in jax.tree.leaves(names):
+            raise ValueError(f"optimizer.trainable = {substring!r} matches no parameter path")
+        return names
+
+    return optax.multi_transform({"train": tx, "freeze": optax.set_to_zero()}, labels)

@@ -10,7 +10,12 @@ from nbclient import NotebookClient
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 # The theory notebooks draw one figure per claim; the sketching ones at least one.
-MIN_FIGURES = {"mamba_dynamics.ipynb": 3, "ssm_bottleneck.ipynb": 3}
+MIN_FIGURES = {
+    "mamba_dynamics.ipynb": 3,
+    "ssm_bottleneck.ipynb": 3,
+    "metastability.ipynb": 6,
+    "neural_ode.ipynb": 2,
+}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

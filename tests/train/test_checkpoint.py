@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from seqlab.train import mesh as mesh_lib
-from seqlab.train.checkpoint import Checkpointer
+from seqlab.train.checkpoint import Checkpointer, restore_params
 
 
 def _state(scale: float):
@@ -64,3 +64,33 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint"):
         ckpt.restore(_state(0.0))
     ckpt.close()
+
+
+def test_restore_params_reads_the_params_only_and_keeps_what_the_source_lacks(tmp_path):
+    ckpt = Checkpointer(tmp_path, every=1, keep=2)
+    ckpt.save(1, _state(1.0))
+    ckpt.save(2, _state(2.0))
+    ckpt.wait()
+    ckpt.close()
+    target = {"w": jnp.zeros((6, 4), jnp.float32), "lora_u": jnp.full((3,), 0.5, jnp.float32)}
+    params, kept = restore_params(tmp_path, target)
+    assert kept == ["lora_u"]
+    np.testing.assert_array_equal(params["w"], _state(2.0)["params"]["w"])  # the latest step
+    np.testing.assert_array_equal(params["lora_u"], target["lora_u"])
+    assert Checkpointer(tmp_path, every=1, keep=2).all_steps() == [1, 2]  # nothing written
+
+
+def test_restore_params_errors(tmp_path):
+    ckpt = Checkpointer(tmp_path / "run", every=1, keep=1)
+    ckpt.save(1, _state(1.0))
+    ckpt.wait()
+    ckpt.close()
+    with pytest.raises(ValueError, match="no checkpoint folder"):
+        restore_params(tmp_path / "missing", {"w": jnp.zeros((6, 4))})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no checkpoint in"):
+        restore_params(tmp_path / "empty", {"w": jnp.zeros((6, 4))})
+    with pytest.raises(ValueError, match=r"parameter w has shape \(6, 4\) in the checkpoint"):
+        restore_params(tmp_path / "run", {"w": jnp.zeros((4, 6))})
+    with pytest.raises(ValueError, match=r"has parameters the model lacks: \['w'\]"):
+        restore_params(tmp_path / "run", {"v": jnp.zeros((6, 4))})

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import ml_collections
 import pytest
 
+from seqlab.modules.ode_transformer import ODETransformer
 from seqlab.train.models import build_model, model_names
 
 
@@ -62,3 +63,15 @@ def test_presets_dtypes_and_mlp():
 def test_errors(overrides, match):
     with pytest.raises(ValueError, match=match):
         build_model(_block(**overrides), vocab_size=11)
+
+
+def test_ode_transformer_takes_its_step_count_from_num_layers():
+    ode = dict(num_heads=4, time_features=8, hidden=12, lora_rank=3)
+    model = build_model(
+        _block(name="ode_transformer", d_model=32, num_layers=6, d_ff=64, ode=ode), vocab_size=9
+    )
+    assert isinstance(model, ODETransformer) and "ode_transformer" in model_names()
+    assert (model.vocab_size, model.d_model, model.d_ff, model.num_steps) == (9, 32, 64, 6)
+    assert (model.num_heads, model.time_features, model.hidden, model.lora_rank) == (4, 8, 12, 3)
+    with pytest.raises(ValueError, match="d_ff must be a positive int"):
+        build_model(_block(name="ode_transformer", d_ff=0, ode=ode), vocab_size=9)

@@ -1,0 +1,171 @@
+"""Small ODE transformers trained for the claims, with seqlab's training pieces (data, optimizer,
+train and eval steps), cached so that the claims of one run share one model.
+
+The task is multi-query associative recall (`seqlab.train.data`, `mqar`): scored positions are
+the queries, and a uniform guess has loss `log V`. The training seed is fixed (`Setup.seed`), not
+drawn from a claim's key, so that every claim measures the same trained model.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from seqlab.modules.ode_transformer import ODETransformer
+from seqlab.train.data import Dataset, make_datasets
+from seqlab.train.optim import make_optimizer
+from seqlab.train.step import TrainState, eval_step, means, train_step
+
+_train_step = jax.jit(train_step)
+_eval_step = jax.jit(eval_step, static_argnums=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """Sizes of the task, the model and its training."""
+
+    vocab_size: int
+    seq_len: int
+    num_kv_pairs: int
+    d_model: int
+    num_heads: int
+    d_ff: int
+    num_steps: int  # Euler steps of the trained model (N)
+    batch_size: int
+    train_steps: int
+    learning_rate: float
+    eval_batches: int
+    seed: int = 0
+
+
+QUICK = Setup(
+    vocab_size=16,
+    seq_len=16,
+    num_kv_pairs=2,
+    d_model=32,
+    num_heads=2,
+    d_ff=64,
+    num_steps=8,
+    batch_size=32,
+    train_steps=300,
+    learning_rate=3e-3,
+    eval_batches=4,
+)
+# At lr 3e-3 for 1500 steps the paper size did not train (measured: loss 2.33 of log V = 3.47,
+# QK eigenvalues grown from 0.4 to ~300; likely because Adam moves every parameter by up to ~lr
+# per step and each W(t) sums `hidden` of them); at lr 1e-3 it trains (loss 1.39).
+FULL = dataclasses.replace(
+    QUICK,
+    vocab_size=32,
+    seq_len=32,
+    num_kv_pairs=4,
+    d_model=64,
+    d_ff=128,
+    train_steps=1500,
+    learning_rate=1e-3,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    """A trained model and what it was trained on. `losses: [train_steps]` training losses."""
+
+    setup: Setup
+    model: ODETransformer
+    init_params: dict
+    params: dict
+    losses: np.ndarray
+    train_data: Dataset
+    eval_data: tuple[dict, ...]  # fixed evaluation batches {"inputs", "targets"}: [B, T]
+
+    @property
+    def uniform_loss(self) -> float:
+        """The loss of a uniform guess over the vocabulary, `log V`."""
+        return float(np.log(self.setup.vocab_size))
+
+
+def _data_block(setup: Setup) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(
+        dict(
+            name="mqar",
+            seq_len=setup.seq_len,
+            vocab_size=setup.vocab_size,
+            num_kv_pairs=(setup.num_kv_pairs,),
+            eval_num_kv_pairs=(setup.num_kv_pairs,),
+            power_a=0.01,
+        )
+    )
+
+
+def optimizer(learning_rate: float, total_steps: int):
+    """Adam with a 10% linear warmup and cosine decay to 10%, global-norm clipping at 1."""
+    block = ml_collections.ConfigDict(
+        dict(
+            name="adam",
+            learning_rate=learning_rate,
+            schedule="cosine",
+            warmup_steps=max(1, total_steps // 10),
+            final_fraction=0.1,
+            weight_decay=0.0,
+            b1=0.9,
+            b2=0.98,
+            eps=1e-8,
+            grad_clip=1.0,
+        )
+    )
+    return make_optimizer(block, total_steps)
+
+
+def fit(model, params, dataset, *, steps: int, learning_rate: float, first_batch: int = 0):
+    """`steps` updates of `model` (its own `num_steps`) from `params` on batches `first_batch ...`
+    of `dataset`, with a fresh `optimizer`. Returns `(params, losses: [steps])`."""
+    state = TrainState.create(
+        apply_fn=model.apply, params=params, tx=optimizer(learning_rate, steps)
+    )
+    losses = []
+    for i in range(steps):
+        state, metrics = _train_step(state, dataset.batch(first_batch + i))
+        losses.append(metrics["loss"])
+    return state.params, np.asarray(jax.device_get(losses), np.float64)
+
+
+def eval_loss(model, params, batches, num_steps: int) -> float:
+    """Mean loss over the scored positions of `batches` at `num_steps` Euler steps."""
+    apply_fn = model.clone(num_steps=num_steps).apply
+    sums = [_eval_step(apply_fn, params, batch) for batch in batches]
+    return means(jax.tree.map(lambda *xs: sum(xs), *sums))["loss"]
+
+
+@functools.cache
+def trained(setup: Setup) -> Trained:
+    """The model of `setup` at init and after `setup.train_steps` Adam steps (cached)."""
+    train_data, evals, vocab = make_datasets(
+        _data_block(setup), batch_size=setup.batch_size, seed=setup.seed
+    )
+    model = ODETransformer(
+        vocab_size=vocab,
+        d_model=setup.d_model,
+        num_heads=setup.num_heads,
+        d_ff=setup.d_ff,
+        num_steps=setup.num_steps,
+    )
+    tokens = jnp.zeros((1, setup.seq_len), jnp.int32)
+    init_params = jax.jit(model.init)(jax.random.key(setup.seed), tokens)["params"]
+    params, losses = fit(
+        model,
+        init_params,
+        train_data,
+        steps=setup.train_steps,
+        learning_rate=setup.learning_rate,
+    )
+    (eval_data,) = evals.values()
+    batches = tuple(eval_data.batch(i) for i in range(setup.eval_batches))
+    return Trained(setup, model, init_params, params, losses, train_data, batches)
+
+
+def setup_for(full: bool) -> Setup:
+    """`FULL` at paper size, `QUICK` otherwise."""
+    return FULL if full else QUICK
