@@ -18,10 +18,13 @@ form: within a chunk of C tokens with chunk-local cumulative log-gate `gamma` an
 so that only the state passing `S -> S'` is sequential (over T / C chunks).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from seqlab.kernels.gated_delta import api as kernel_api
+from seqlab.kernels.gated_delta import chunk
 from seqlab.ops import _chunked
 
 
@@ -82,9 +85,11 @@ def gated_delta_rule(
     impl = _chunked.check_impl(impl, kernels=True)
     scale = dk**-0.5 if scale is None else scale
     if impl.startswith("pallas"):
-        o, final = _pallas(
-            q, k, v, g, beta, initial_state, segment_ids, scale=scale, chunk_size=chunk_size,
-            platform=impl.removeprefix("pallas_"),
+        kernel_api.check_supported(q.dtype)
+        block_sizes = kernel_api.BlockSizes(chunk_size)
+    if impl == "pallas_tpu":
+        o, final = _pallas_tpu(
+            q, k, v, g, beta, initial_state, segment_ids, scale=scale, block_sizes=block_sizes,
             interpret=interpret,
         )  # fmt: skip
         return o, final if output_final_state else None
@@ -97,18 +102,26 @@ def gated_delta_rule(
     seg = _chunked.segment_index(segment_ids, b, t)
     if impl == "recurrent":
         o, final = _recurrent(q * scale, k, v, g, beta, state, seg)
-    else:
+    elif impl == "chunked":
         o, final = _chunked_form(q * scale, k, v, g, beta, state, seg, chunk_size)
+    else:  # pallas_gpu: the chunked form with the kernel's state pass, per shard under a mesh
+        scan = functools.partial(
+            kernel_api.scan_chunk_states, block_sizes=block_sizes, interpret=interpret
+        )
+        run = functools.partial(_chunked_form, chunk_size=chunk_size, scan=scan)
+        bthd, bt = (kernel_api.BATCH, None, kernel_api.HEADS), (kernel_api.BATCH,)
+        o, final = kernel_api.per_shard(
+            run,
+            (q * scale, k, v, g, beta, state, seg),
+            (bthd, bthd, bthd, bthd, bthd, (kernel_api.BATCH, kernel_api.HEADS), bt),
+            (bthd, (kernel_api.BATCH, kernel_api.HEADS)),
+        )
     return o.astype(out_dtype), final if output_final_state else None
 
 
-def _pallas(
-    q, k, v, g, beta, initial_state, segment_ids, *, scale, chunk_size, platform, interpret
-):
-    """Lay the inputs out as the kernel contract wants (`seqlab/kernels/gated_delta/README.md`),
-    run the kernels, and restore `[B, T, HV, V]`."""
-    block_sizes = kernel_api.BlockSizes(chunk_size)
-    kernel_api.check_supported(platform, q.dtype)
+def _pallas_tpu(q, k, v, g, beta, initial_state, segment_ids, *, scale, block_sizes, interpret):
+    """Lay the inputs out as the TPU kernel contract wants (`seqlab/kernels/gated_delta/
+    README.md`), run the kernels, and restore `[B, T, HV, V]`."""
     b, t, hv, dv = v.shape
     dk = q.shape[-1]
     c = block_sizes.chunk
@@ -132,7 +145,6 @@ def _pallas(
         per_chunk(beta),
         (seg - incoming[..., None]).astype(f32),
         jnp.zeros((b, hv, dk, dv), f32) if initial_state is None else initial_state.astype(f32),
-        platform=platform,
         block_sizes=block_sizes,
         interpret=interpret,
     )
@@ -182,57 +194,25 @@ def _recurrent(q, k, v, g, beta, state, seg):
     return o, final
 
 
-def _chunked_form(q, k, v, g, beta, state, seg, chunk_size):
-    """WY chunked form (module docstring); inputs in the accumulation dtype, q pre-scaled."""
+def _chunked_form(q, k, v, g, beta, state, seg, chunk_size, scan=_chunked.scan_chunk_states):
+    """WY chunked form (module docstring); inputs in the accumulation dtype, q pre-scaled.
+
+    Everything but the state passing is chunk-parallel; `scan` passes the state (the contract of
+    `_chunked.scan_chunk_states`: a `lax.scan` for `"chunked"`, the GPU kernel for
+    `"pallas_gpu"`)."""
     t = q.shape[1]
     q, k, v, g, beta = (_chunked.pad_and_chunk(x, chunk_size) for x in (q, k, v, g, beta))
     decays = _chunked.chunk_decays(g, _chunked.pad_and_chunk(seg, chunk_size, edge=True))
     # L = strict_lower(diag(beta) (K K^T * Gamma)); Gamma already masks other segments.
     kk = _chunked.einsum("bnihk,bnjhk->bnhij", k, k) * decays.intra
     lower = jnp.tril(jnp.moveaxis(beta, 2, 3)[..., :, None] * kk, -1)  # [B, N, HV, C, C]
-    # u = A (beta v), w = A (beta exp(gamma) k), A = (I + L)^{-1} (_unit_lower_inverse).
+    # u = A (beta v), w = A (beta exp(gamma) k), A = (I + L)^{-1} (the stable blocked solve of
+    # seqlab.kernels.gated_delta.chunk, shared with the TPU kernel).
     rhs = jnp.concatenate([v, decays.state_to_token[..., None] * k], axis=-1)
     rhs = beta[..., None] * rhs  # [B, N, C, HV, V + K]
-    uw = _chunked.einsum("bnhij,bnjhd->bnihd", _unit_lower_inverse(lower), rhs)
+    uw = _chunked.einsum("bnhij,bnjhd->bnihd", chunk.unit_lower_inverse(lower), rhs)
     u, w = uw[..., : v.shape[-1]], uw[..., v.shape[-1] :]
     k_end = k * decays.token_to_end[..., None]
-    final, states, v_new = _chunked.scan_chunk_states(state, k_end, u, w, decays.state_to_end)
+    final, states, v_new = scan(state, k_end, u, w, decays.state_to_end)
     o = _chunked.chunk_outputs(q, k, v_new, states, decays)
     return _chunked.unchunk(o, t), final
-
-
-def _nilpotent_inverse(n: jax.Array, order: int) -> jax.Array:
-    """`(I + N)^{-1} = (I - N)(I + N^2)(I + N^4)...` for `N: [..., C, C]` with `N^order = 0`.
-
-    Exact after `ceil(log2(order))` factors; matmuls only.
-    """
-    eye = jnp.eye(n.shape[-1], dtype=n.dtype)
-    power = -n
-    inverse = eye + power
-    for _ in range(max(order - 1, 1).bit_length() - 1):
-        power = _chunked.einsum("...ij,...jk->...ik", power, power)
-        inverse = inverse + _chunked.einsum("...ij,...jk->...ik", inverse, power)
-    return inverse
-
-
-def _unit_lower_inverse(lower: jax.Array, block: int = 16) -> jax.Array:
-    """`(I + L)^{-1}` for strictly lower-triangular `L: [..., C, C]`, in matmuls only.
-
-    Writing `I + L = D (I + M)` with `D = I + (the diagonal 16 x 16 blocks of L)` and the
-    strictly block-lower `M = D^{-1} (L - blocks)`, the inverse is `(I + M)^{-1} D^{-1}`, both
-    factors by the nilpotent doubling product. Blocks keep the powers short (at most 15 within a
-    block, `C / 16 - 1` across blocks), so float32 cancellation stays small. Not
-    `jax.scipy.linalg.solve_triangular`: its CPU backward (LAPACK trsm) hung on the second call
-    of a jitted gradient at T = 4096 (jax 0.10.2, observed).
-    """
-    c = lower.shape[-1]
-    pad = -c % block
-    lower = jnp.pad(lower, [(0, 0)] * (lower.ndim - 2) + [(0, pad), (0, pad)])
-    idx = jnp.arange(c + pad) // block
-    in_block = idx[:, None] == idx[None, :]
-    d_inv = _nilpotent_inverse(jnp.where(in_block, lower, 0.0), block)
-    m = _chunked.einsum("...ij,...jk->...ik", d_inv, jnp.where(in_block, 0.0, lower))
-    inverse = _chunked.einsum(
-        "...ij,...jk->...ik", _nilpotent_inverse(m, (c + pad) // block), d_inv
-    )
-    return inverse[..., :c, :c]

@@ -1,14 +1,14 @@
-"""Entry point of the gated delta rule kernels: platform choice, block sizes, sharding.
+"""Entry points of the gated delta rule kernels: platform choice, block sizes, sharding.
 
-`seqlab.ops.gated_delta_rule(impl="pallas_tpu" | "pallas_gpu" | "pallas")` prepares the kernel
-layout of README.md ("Kernel contract") and calls `chunked_scan` here. Under a mesh (set with
-`jax.set_mesh`), the kernels run per shard through `jax.shard_map`: batch over the mesh axes named
-in `BATCH_AXES`, heads over those in `HEAD_AXES`; every other axis sees replicated data. The
-recurrence is independent per (batch, head), so no communication is needed.
+`seqlab.ops.gated_delta_rule` calls, for `impl="pallas_tpu"`, `chunked_scan` on the TPU kernel
+layout of README.md ("TPU kernel contract"); for `impl="pallas_gpu"`, `scan_chunk_states` (the
+state pass of its chunked form, everything else chunk-parallel in XLA). Under a mesh (set with
+`jax.set_mesh`), they run per shard through `per_shard` (`jax.shard_map`): batch over the mesh
+axes named in `BATCH_AXES`, heads over those in `HEAD_AXES`; every other axis sees replicated
+data. The recurrence is independent per (batch, head), so no communication is needed.
 """
 
 import dataclasses
-import importlib
 import math
 
 import jax
@@ -19,16 +19,19 @@ from seqlab.kernels.gated_delta import vjp
 
 BATCH_AXES = ("data", "fsdp")
 HEAD_AXES = ("heads",)
-KERNEL_MODULES = {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}
 INPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-    """Block sizes of the kernels. `chunk`: tokens per chunk, a multiple of 16 (the blocked
-    triangular inverse works on 16 x 16 diagonal blocks)."""
+    """Block sizes of the kernels.
+
+    chunk: tokens per chunk, a multiple of 16 (TPU; the GPU kernel takes 64 or 128).
+    block_v: value columns per program of the GPU kernel (its state block is `[K, block_v]`).
+    """
 
     chunk: int = 64
+    block_v: int = 64
 
     def __post_init__(self):
         if self.chunk < 16 or self.chunk % 16:
@@ -37,10 +40,8 @@ class BlockSizes:
             )
 
 
-def check_supported(platform: str, dtype: jnp.dtype) -> None:
+def check_supported(dtype: jnp.dtype) -> None:
     """Raise `NotImplementedError` for what the kernels cannot run (never a silent fallback)."""
-    if platform not in KERNEL_MODULES:
-        raise ValueError(f"platform must be one of {sorted(KERNEL_MODULES)}, got {platform!r}")
     if jnp.dtype(dtype) not in INPUT_DTYPES:
         raise NotImplementedError(
             f"the Pallas gated delta kernels take float32 or bfloat16 q/k/v, got {jnp.dtype(dtype)}"
@@ -53,40 +54,74 @@ def _mesh_axes(mesh, names: tuple[str, ...]) -> tuple[str, ...] | None:
     return axes or None
 
 
-def chunked_scan(
-    q, k, v, gamma, beta, seg, h0, *, platform: str, block_sizes: BlockSizes, interpret: bool
-):
-    """Run the platform's kernels, under `shard_map` when a mesh is set.
+def chunked_scan(q, k, v, gamma, beta, seg, h0, *, block_sizes: BlockSizes, interpret: bool):
+    """Run the TPU kernels, under `shard_map` when a mesh is set.
 
     Args: the kernel contract of README.md (`q, k: [B, H, T, K]`, `v: [B, H, T, V]`,
       `gamma, beta: [B, H, N, C]`, `seg: [B, N, C]`, `h0: [B, H, K, V]`).
     Returns: `(o [B, H, T, V], h_final [B, H, K, V] float32)`, differentiable.
     """
-    check_supported(platform, q.dtype)
-    kernels = importlib.import_module(f"seqlab.kernels.gated_delta.{KERNEL_MODULES[platform]}")
+    check_supported(q.dtype)
 
     def run(q, k, v, gamma, beta, seg, h0):
-        return vjp.chunked_scan(
-            kernels, block_sizes.chunk, interpret, q, k, v, gamma, beta, seg, h0
-        )
+        return vjp.chunked_scan(block_sizes.chunk, interpret, q, k, v, gamma, beta, seg, h0)
 
+    head_major = ((BATCH, HEADS),) * 5
+    specs = (*head_major, (BATCH,), (BATCH, HEADS))
+    return per_shard(run, (q, k, v, gamma, beta, seg, h0), specs, ((BATCH, HEADS),) * 2)
+
+
+def scan_chunk_states(state, k_end, u, w, state_to_end, *, block_sizes: BlockSizes, interpret):
+    """The state pass of the chunked gated delta rule by the GPU kernel (call it per shard:
+    `seqlab.ops.gated_delta_rule` wraps the whole op in `per_shard`).
+
+    The contract of `seqlab.ops._chunked.scan_chunk_states` (`v_new = u - w S_n`,
+    `S_{n+1} = state_to_end S_n + k_end^T v_new`): `state: [B, HV, K, V]`,
+    `k_end, w: [B, N, C, HV, K]`, `u: [B, N, C, HV, V]`, `state_to_end: [B, N, HV]`, float32.
+    Returns `(final [B, HV, K, V], states [B, N, HV, K, V], v_new [B, N, C, HV, V])`.
+    """
+    check_supported(u.dtype)
+
+    def heads_major(x):  # [B, N, C, HV, D] -> [B, HV, N, C, D]
+        return jnp.moveaxis(x, 3, 1)
+
+    states, v_new, final = vjp.state_scan(
+        block_sizes.block_v,
+        interpret,
+        -heads_major(w),
+        jnp.swapaxes(heads_major(k_end), -1, -2),
+        heads_major(u),
+        jnp.moveaxis(state_to_end, 2, 1),
+        state,
+    )
+    return final, jnp.moveaxis(states, 1, 2), jnp.moveaxis(v_new, 1, 3)
+
+
+BATCH, HEADS = "batch", "heads"  # in specs: the mesh axes of BATCH_AXES / HEAD_AXES
+
+
+def per_shard(run, args, specs, out_specs):
+    """`run(*args)`, under `jax.shard_map` when a mesh is set, else as it is.
+
+    `specs` and `out_specs` give, per argument and per output, the partitioning of its leading
+    axes as a tuple of `BATCH`, `HEADS` or None; `BATCH` and `HEADS` stand for the mesh axes of
+    `BATCH_AXES` and `HEAD_AXES` present in the mesh. The gated delta rule is independent per
+    (batch, head), so the shards need no communication.
+    """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
-        return run(q, k, v, gamma, beta, seg, h0)
-    batch, heads = _mesh_axes(mesh, BATCH_AXES), _mesh_axes(mesh, HEAD_AXES)
-    for name, size, axes in (("batch", q.shape[0], batch), ("heads", q.shape[1], heads)):
-        parts = math.prod(mesh.shape[a] for a in axes or ())
-        if size % parts:
-            raise ValueError(
-                f"{name} size {size} is not divisible by the mesh axes {axes} ({parts})"
-            )
-    per_head = P(batch, heads)
-    specs = (per_head, per_head, per_head, per_head, per_head, P(batch), per_head)
-    args = (q, k, v, gamma, beta, seg, h0)
+        return run(*args)
+    axes = {BATCH: _mesh_axes(mesh, BATCH_AXES), HEADS: _mesh_axes(mesh, HEAD_AXES), None: None}
+    for x, spec in zip(args, specs, strict=True):
+        for size, key in zip(x.shape, spec, strict=False):
+            parts = math.prod(mesh.shape[a] for a in axes[key] or ())
+            if size % parts:
+                raise ValueError(
+                    f"{key} size {size} is not divisible by the mesh axes {axes[key]} ({parts})"
+                )
+    specs, out_specs = (tuple(P(*(axes[p] for p in s)) for s in ss) for ss in (specs, out_specs))
     if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
         # Explicit axes: shard_map takes the arguments' own shardings, so lay them out first.
         args = tuple(jax.reshard(x, spec) for x, spec in zip(args, specs, strict=True))
-    sharded = jax.shard_map(
-        run, mesh=mesh, in_specs=specs, out_specs=(per_head, per_head), check_vma=False
-    )
+    sharded = jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)
     return sharded(*args)

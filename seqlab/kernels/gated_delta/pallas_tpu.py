@@ -95,10 +95,10 @@ def _forward_kernel(*refs, save_states: bool):
     o, state = chunk.chunk_step(state, q, k, v, gc, gr, bc, sc, sr)
     o_ref[...] = o.astype(o_ref.dtype)
     s_scratch[...] = state
-
-    @pl.when(n == pl.num_programs(2) - 1)
-    def _():
-        hf_ref[...] = state
+    # Written at every step, not only the last: the block stays resident across the chunk axis
+    # (its index does not change), and jax 0.11's interpret mode does not keep a block written
+    # only at the last step (observed: a wrong dh0 in the backward below).
+    hf_ref[...] = state
 
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "save_states", "interpret"))
@@ -160,10 +160,7 @@ def _backward_kernel(*refs):
     dgr_ref[...] = dgr
     dbc_ref[...] = dbc
     ds_scratch[...] = d_state
-
-    @pl.when(n == pl.num_programs(2) - 1)
-    def _():
-        dh0_ref[...] = d_state
+    dh0_ref[...] = d_state  # at every step, as hf_ref in the forward
 
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "interpret"))
