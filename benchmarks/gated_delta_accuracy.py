@@ -94,7 +94,7 @@ def main():
         machine = gpu_model() if args.compiled else cpu_model()
         mode = "compiled" if args.compiled else "Pallas kernels in interpret mode"
         replace_section(
-            "Gated delta rule: accuracy on trained-model-like inputs",
+            "## Gated delta rule: accuracy on trained-model-like inputs",
             "## Gated delta rule: accuracy on trained-model-like inputs\n\n"
             f"{datetime.date.today()}; {machine}; jax {jax.__version__}; {mode}. Command: "
             f"`python benchmarks/gated_delta_accuracy.py{' --quick' * args.quick}"

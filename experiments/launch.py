@@ -2,6 +2,7 @@
 
     python -m experiments.launch --config=experiments/configs/NAME.py[:ARG] --workdir=DIR \
         [--config.KEY=VALUE ...] [--distributed]
+    python -m experiments.launch --config=... --compile_only [--topology=v5e:4x8]
 
 Validates the config (unknown model or task, non-positive sizes, a batch the devices do not
 divide) before anything compiles; builds the model from the registry (`seqlab.train.models`);
@@ -19,6 +20,14 @@ Fine-tuning: a config with `init_from = WORKDIR` starts (step 0, fresh optimizer
 parameters of that run's latest checkpoint; parameters the source lacks (LoRA factors) keep their
 initialization. A run that has checkpoints of its own resumes from them and never reads
 `init_from`. `optimizer.trainable` restricts the updates to some parameters (`seqlab.train.optim`).
+
+`--compile_only` compiles the train and eval steps for the run's mesh and prints, per device,
+their argument, output, temporary and peak HBM bytes against the chip's HBM, the FLOPs and HBM
+bytes of the compiled cost analysis, and the compile times (`seqlab.train.aot`); it exits 1 when a
+step does not compile or does not fit. With `--topology` (a TPU topology as jax names it,
+`v5e:4x8`, `v5p:2x4x4`, `v6e:16x16`: every host's chips, from this one process) it compiles for
+that TPU slice from any machine, with libtpu installed (`pip install -e ".[tpu]"`); no TPU,
+data, workdir or checkpoint is needed.
 """
 
 import functools
@@ -31,13 +40,14 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from seqlab.train import aot
 from seqlab.train import mesh as mesh_lib
 from seqlab.train.checkpoint import Checkpointer, restore_params
-from seqlab.train.data import make_datasets
+from seqlab.train.data import make_datasets, vocab_size
 from seqlab.train.metrics import MetricsWriter
 from seqlab.train.models import build_model
 from seqlab.train.optim import make_optimizer, make_schedule
-from seqlab.train.step import create_state, eval_step, means, train_step
+from seqlab.train.step import create_state, jit_steps, means
 
 _POSITIVE = (
     "total_steps",
@@ -72,9 +82,10 @@ def validate(config) -> None:
 
 
 class _Run:
-    """Everything built from a validated config, before anything compiles."""
+    """Everything built from a validated config, before anything compiles; without `data`, no
+    dataset is opened (the compile-only run)."""
 
-    def __init__(self, config, devices=None):
+    def __init__(self, config, devices=None, *, data: bool = True):
         validate(config)
         self.mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
         n = mesh_lib.num_devices(self.mesh)
@@ -83,10 +94,13 @@ class _Run:
                 f"config.batch_size = {config.batch_size} must be divisible by the {n} devices "
                 f"of the mesh (data={self.mesh.shape['data']}, fsdp={self.mesh.shape['fsdp']})"
             )
-        self.train_data, self.eval_data, vocab_size = make_datasets(
-            config.data, batch_size=config.batch_size, seed=config.seed
-        )
-        self.model = build_model(config.model, vocab_size)
+        if data:
+            self.train_data, self.eval_data, vocab = make_datasets(
+                config.data, batch_size=config.batch_size, seed=config.seed
+            )
+        else:
+            vocab = vocab_size(config.data)
+        self.model = build_model(config.model, vocab)
         self.tx = make_optimizer(config.optimizer, config.total_steps)
         self.lr = make_schedule(config.optimizer, config.total_steps)
 
@@ -144,22 +158,11 @@ def train(config, workdir: str, devices=None) -> dict:
     if writer:
         writer.write_config(config.to_dict())
 
-    batch_sharding = mesh_lib.batch_sharding(run.mesh)
-    repl = mesh_lib.replicated(run.mesh)
-    step_fn = jax.jit(
-        train_step,
-        in_shardings=(shardings, batch_sharding),
-        out_shardings=(shardings, repl),
-        donate_argnums=0,
-    )
-    eval_fn = jax.jit(
-        functools.partial(eval_step, run.model.apply),
-        in_shardings=(shardings.params, batch_sharding),
-        out_shardings=repl,
-    )
+    step_fn, eval_fn = jit_steps(run.model.apply, shardings, run.mesh)
     previous_handler = _Stop.install()
     try:
-        return _loop(config, run, state, step_fn, eval_fn, ckpt, writer)
+        with jax.set_mesh(run.mesh):
+            return _loop(config, run, state, step_fn, eval_fn, ckpt, writer)
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         ckpt.close()
@@ -222,24 +225,80 @@ def _loop(config, run, state, step_fn, eval_fn, ckpt, writer) -> dict:
     return {"status": "done", "step": max(start, config.total_steps)}
 
 
+def compile_only(
+    config, devices=None, *, label: str = "", steps=("train", "eval")
+) -> list[aot.Compiled]:
+    """Compile the run's train and eval steps (those in `steps`) for `devices` (default all) and
+    log their table.
+
+    Raises `ValueError` for a bad config and `aot.CompileError` for a step that does not
+    compile; a step that compiles but exceeds the chip's HBM is in the result with `fits` False.
+    """
+    run = _Run(config, devices, data=False)
+    steps = aot.compile_steps(
+        run.model,
+        run.tx,
+        mesh=run.mesh,
+        batch_size=config.batch_size,
+        seq_len=config.data.seq_len,
+        steps=steps,
+    )
+    device = run.mesh.devices.flat[0]
+    hbm = steps[0].hbm
+    header = (
+        f"compile only: {mesh_lib.num_devices(run.mesh)} x {device.device_kind}"
+        f"{' (' + label + ')' if label else ''}, HBM {aot.size(hbm) if hbm else 'unknown'} each;"
+        f" mesh data={run.mesh.shape['data']} fsdp={run.mesh.shape['fsdp']}; batch"
+        f" {config.batch_size} x {config.data.seq_len} tokens; per device:"
+    )
+    logging.info("\n%s", aot.format_report(steps, header))
+    return steps
+
+
 _CONFIG = config_flags.DEFINE_config_file("config", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "folder of the run's checkpoints and metrics")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "call jax.distributed.initialize() first")
+_COMPILE_ONLY = flags.DEFINE_bool(
+    "compile_only", False, "compile the train and eval steps, print their memory and cost, exit"
+)
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None, "with --compile_only: a TPU topology to compile for (v5e:4x8, v6e:16x16)"
+)
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    if _TOPOLOGY.value and not _COMPILE_ONLY.value:
+        raise app.UsageError("--topology needs --compile_only")
+    if not _COMPILE_ONLY.value and not _WORKDIR.value:
+        raise app.UsageError("--workdir is required (except with --compile_only)")
     if _DISTRIBUTED.value:
         mesh_lib.initialize_distributed()
     try:
-        result = train(_CONFIG.value, _WORKDIR.value)
+        if _COMPILE_ONLY.value:
+            devices = aot.topology_devices(_TOPOLOGY.value) if _TOPOLOGY.value else None
+            steps = compile_only(_CONFIG.value, devices, label=_TOPOLOGY.value or "")
+        else:
+            result = train(_CONFIG.value, _WORKDIR.value)
     except ValueError as error:
         sys.exit(f"config error: {error}")
-    if result["status"] == "nonfinite":
+    except aot.CompileError as error:
+        reason = "does not fit in HBM" if error.out_of_memory else "is rejected by the compiler"
+        sys.exit(f"compile only: the {error.step} step {reason}:\n{error.__cause__}")
+    if _COMPILE_ONLY.value:
+        too_big = [s for s in steps if not s.fits]
+        if too_big:
+            sys.exit(
+                "compile only: does not fit: "
+                + "; ".join(
+                    f"{s.name} needs {aot.size(s.peak)} of {aot.size(s.hbm)}" for s in too_big
+                )
+            )
+    elif result["status"] == "nonfinite":
         sys.exit(f"stopped: non-finite loss at step {result['step']}")
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["config", "workdir"])
+    flags.mark_flags_as_required(["config"])
     app.run(main)

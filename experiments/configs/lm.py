@@ -57,7 +57,7 @@ def get_config(arg: str | None = None):
 
     if args.get("runlocal"):
         config.model.update(d_model=16, num_layers=1, d_ff=32)
-        config.model.gdn.update(head_dim=8, chunk_size=8)
+        config.model.gdn.update(head_dim=8, chunk_size=16)  # 16: the Pallas kernels
         config.model.mamba2.update(d_state=8, head_dim=8, chunk_size=8)
         config.data.seq_len = 32
         config.total_steps = 8

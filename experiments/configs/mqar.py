@@ -53,7 +53,7 @@ def get_config(arg: str | None = None):
     if args.get("runlocal"):
         config.model.d_model = 16
         config.model.num_layers = 2 if name == "hybrid" else 1
-        config.model.gdn.update(head_dim=8, chunk_size=8)
+        config.model.gdn.update(head_dim=8, chunk_size=16)  # 16: the Pallas kernels
         config.model.mamba2.update(d_state=8, head_dim=8, chunk_size=8)
         config.data.update(seq_len=32, vocab_size=64, num_kv_pairs=(2, 4), eval_num_kv_pairs=(4,))
         config.total_steps = 8

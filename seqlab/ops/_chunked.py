@@ -96,28 +96,40 @@ def validate_step(q_t, k_t, v_t, g_t, state, *, beta_t=None):
 def check_impl(impl, *, kernels: bool = False) -> str:
     """Resolve `impl`.
 
-    `None` is the platform's Pallas kernel on TPU and Hopper GPUs when the op has `kernels`, else
-    `"chunked"`; `"pallas"` is the platform's kernel (`"pallas_tpu"` on CPU, which then runs in
-    interpret mode). Ops without kernels raise `NotImplementedError` for Pallas names.
+    `None` is the target platform's Pallas kernel on TPU and Hopper GPUs when the op has
+    `kernels`, else `"chunked"`; `"pallas"` is the platform's kernel (`"pallas_tpu"` on CPU, which
+    then runs in interpret mode). The target platform is that of the mesh set with `jax.set_mesh`
+    (so a step traced for abstract TPU devices from a CPU process, as `seqlab.train.aot` does,
+    gets the TPU kernel), else `jax.default_backend()`. Ops without kernels raise
+    `NotImplementedError` for Pallas names.
     """
     check_choice("impl", impl, IMPLS)
     if impl in PALLAS_IMPLS and not kernels:
         raise NotImplementedError(
             f"impl={impl!r}: this op has no Pallas kernel yet; use impl='chunked' or 'recurrent'"
         )
-    platform_kernel = {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}.get(jax.default_backend())
+    platform = target_platform()
+    platform_kernel = {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}.get(platform)
     if impl == "pallas":
         return platform_kernel or "pallas_tpu"
     if impl is None:
-        return platform_kernel if kernels and _has_kernel_hardware(platform_kernel) else "chunked"
+        return platform_kernel if kernels and _has_kernel_hardware(platform) else "chunked"
     return impl
 
 
-def _has_kernel_hardware(platform_kernel: str | None) -> bool:
+def target_platform() -> str:
+    """`"cpu"`, `"gpu"` or `"tpu"`: the platform of the mesh set with `jax.set_mesh`, else the
+    default backend's (`"cuda"` and `"rocm"` read as `"gpu"`)."""
+    device = jax.sharding.get_abstract_mesh().abstract_device  # None without a mesh
+    platform = jax.default_backend() if device is None else device.platform
+    return "gpu" if platform in ("cuda", "rocm") else platform
+
+
+def _has_kernel_hardware(platform: str) -> bool:
     """TPUs run the TPU kernel; of GPUs only Hopper (sm_90, wgmma) runs the GPU kernel."""
-    if platform_kernel == "pallas_gpu":
+    if platform == "gpu":
         return getattr(jax.devices()[0], "compute_capability", None) == "9.0"
-    return platform_kernel is not None
+    return platform == "tpu"
 
 
 def expand_heads(x: jax.Array, groups: int, axis: int = 2) -> jax.Array:

@@ -81,7 +81,7 @@ def gated_delta_rule(
         chunk_size=chunk_size,
     )
     # "pallas" on CPU is the TPU kernel, which CPU can only interpret.
-    interpret = interpret or (impl == "pallas" and jax.default_backend() == "cpu")
+    interpret = interpret or (impl == "pallas" and _chunked.target_platform() == "cpu")
     impl = _chunked.check_impl(impl, kernels=True)
     scale = dk**-0.5 if scale is None else scale
     if impl.startswith("pallas"):

@@ -5,6 +5,7 @@ Loss: the mean over scored positions (`targets != IGNORE`) of the cross-entropy
 argmax is the target. The logits are float32 (float64 for a float64 model, see `LanguageModel`).
 """
 
+import functools
 from collections.abc import Callable
 
 import flax.linen as nn
@@ -13,9 +14,18 @@ import jax.numpy as jnp
 import optax
 from flax.training.train_state import TrainState
 
+from seqlab.train import mesh as mesh_lib
 from seqlab.train.data import IGNORE
 
-__all__ = ["TrainState", "create_state", "eval_step", "means", "scored_sums", "train_step"]
+__all__ = [
+    "TrainState",
+    "create_state",
+    "eval_step",
+    "jit_steps",
+    "means",
+    "scored_sums",
+    "train_step",
+]
 
 
 def create_state(
@@ -76,3 +86,27 @@ def eval_step(apply_fn: Callable, params, batch: dict) -> dict[str, jax.Array]:
 def means(sums: dict) -> dict:
     """`loss` and `accuracy` from summed `loss_sum`, `correct`, `count`."""
     return {k: float(v) for k, v in _means(sums).items()}
+
+
+def jit_steps(apply_fn: Callable, state_shardings, mesh) -> tuple[Callable, Callable]:
+    """`(train_fn, eval_fn)`: `train_step` and `eval_step` jitted with the run's placement.
+
+    `train_fn(state, batch) -> (state, metrics)` donates `state`; `eval_fn(params, batch) -> sums`.
+    State as `state_shardings` (`seqlab.train.mesh.state_shardings`), batches split over every
+    device, metrics replicated. Trace and call them under `jax.set_mesh(mesh)`, so that the ops
+    see the mesh (the Pallas kernels then run per shard).
+    """
+    batch = mesh_lib.batch_sharding(mesh)
+    repl = mesh_lib.replicated(mesh)
+    train_fn = jax.jit(
+        train_step,
+        in_shardings=(state_shardings, batch),
+        out_shardings=(state_shardings, repl),
+        donate_argnums=0,
+    )
+    eval_fn = jax.jit(
+        functools.partial(eval_step, apply_fn),
+        in_shardings=(state_shardings.params, batch),
+        out_shardings=repl,
+    )
+    return train_fn, eval_fn

@@ -180,3 +180,50 @@ def test_interpret_matches_chunked_oracle_hypothesis(t, groups, chunk, n_docs, s
     got = forward_and_grads(op("pallas_tpu", chunk, interpret=True, segment_ids=seg), x)
     want = forward_and_grads(op("chunked", chunk, segment_ids=seg), x)
     assert_all_close(got, want, jnp.float32)
+
+
+def _kernel_dot_operands(dtype, *, backward: bool) -> list[str]:
+    """The operand dtypes of every matmul inside the TPU kernel (forward or backward), in order."""
+    b, h, t, d, c = 1, 1, 128, 64, 64
+    n = t // c
+    f32 = jnp.float32
+    x = [jnp.zeros((b, h, t, d), dtype)] * 3
+    token = [jnp.zeros((b, h, n, c), f32), jnp.zeros((b, h, n, c), f32), jnp.zeros((b, n, c), f32)]
+    state = jnp.zeros((b, h, d, d), f32)
+    if backward:
+        states = jnp.zeros((b, h, n, d, d), f32)
+        args = (*x, *token, states, jnp.zeros((b, h, t, d), dtype), state)
+        fn = functools.partial(pallas_tpu.backward, chunk_size=c, interpret=True)
+    else:
+        fn = functools.partial(pallas_tpu.forward, chunk_size=c, save_states=False, interpret=True)
+        args = (*x, *token, state)
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                found.append("/".join(jnp.dtype(v.aval.dtype).name for v in eqn.invars))
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, tuple | list) else (param,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+def test_bf16_inputs_select_the_bf16_operand_matmuls():
+    """float32 inputs: every in-kernel matmul on float32 operands. bf16 inputs: six of the eight
+    products of a chunk on bf16 operands, `u`, the state update and the inverse's merges in
+    float32 (`chunk.chunk_step`); in the backward, their VJPs likewise."""
+    merges = 2  # chunk 64: inverse blocks of 16 merged twice, two products each
+    f32 = _kernel_dot_operands(jnp.float32, backward=False)
+    assert set(f32) == {"float32/float32"} and len(f32) == 8 + 2 * merges
+    bf16 = _kernel_dot_operands(jnp.bfloat16, backward=False)
+    assert bf16.count("bfloat16/bfloat16") == 6
+    assert bf16.count("float32/float32") == 2 + 2 * merges
+    backward = _kernel_dot_operands(jnp.bfloat16, backward=True)
+    # Two VJP products per bf16 product, and the recomputed forward but for the two products
+    # that only make `o` (`q S`, `scores v_new`: dead in the backward).
+    assert backward.count("bfloat16/bfloat16") == 2 * 6 + 6 - 2

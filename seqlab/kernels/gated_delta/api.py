@@ -36,7 +36,8 @@ class BlockSizes:
     def __post_init__(self):
         if self.chunk < 16 or self.chunk % 16:
             raise NotImplementedError(
-                f"chunk_size={self.chunk}: the Pallas kernels need a positive multiple of 16"
+                f"chunk_size={self.chunk}: the Pallas kernels need a positive multiple of 16 "
+                "(impl=None picks them on TPU and Hopper GPUs; else pass impl='chunked')"
             )
 
 

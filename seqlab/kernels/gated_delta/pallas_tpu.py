@@ -6,13 +6,17 @@ VMEM scratch buffer. Each step pipelines one chunk of q/k/v (and do) through VME
 specs. The per-chunk math is `chunk.chunk_step`; the backward recomputes a chunk from its saved
 start state and pulls the cotangents through `chunk_step` inside the kernel (the VJP of a chunk
 is traced into the kernel body, so it runs as Mosaic code, not as XLA autodiff of the forward).
-Argument layout: see README.md, "Kernel contract".
+The matmuls take the inputs' dtype as operands: float32 inputs at full precision, bf16 inputs in
+bf16 (one MXU pass each, float32 accumulation; the inverse and the state stay float32; see
+`chunk.chunk_step`). Argument layout: see README.md, "Kernel contract".
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -28,6 +32,16 @@ def _interpret(interpret: bool):
 
 def _compiler_params():
     return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"))
+
+
+def _block(shape: tuple, index_map) -> pl.BlockSpec:
+    """`pl.BlockSpec(shape, index_map)` with the literal indices of `index_map` as int32: a
+    Python 0 is an int64 under `jax_enable_x64`, which Mosaic TPU rejects."""
+
+    def int32_map(*grid):
+        return tuple(np.int32(i) if isinstance(i, int) else i for i in index_map(*grid))
+
+    return pl.BlockSpec(shape, int32_map)
 
 
 def _token_inputs(gamma, beta, seg):
@@ -51,15 +65,38 @@ def _specs(c: int, dk: int, dv: int, chunk_of):
         return lambda b, h, n: (b, h, chunk_of(n), *trailing)
 
     return [
-        pl.BlockSpec((None, None, c, dk), head(0)),
-        pl.BlockSpec((None, None, c, dk), head(0)),
-        pl.BlockSpec((None, None, c, dv), head(0)),
-        pl.BlockSpec((None, None, None, c, 1), head(0, 0)),
-        pl.BlockSpec((None, None, None, 1, c), head(0, 0)),
-        pl.BlockSpec((None, None, None, c, 1), head(0, 0)),
-        pl.BlockSpec((None, None, c, 1), lambda b, h, n: (b, chunk_of(n), 0, 0)),
-        pl.BlockSpec((None, None, 1, c), lambda b, h, n: (b, chunk_of(n), 0, 0)),
+        _block((None, None, c, dk), head(0)),
+        _block((None, None, c, dk), head(0)),
+        _block((None, None, c, dv), head(0)),
+        _block((None, None, None, c, 1), head(0, 0)),
+        _block((None, None, None, 1, c), head(0, 0)),
+        _block((None, None, None, c, 1), head(0, 0)),
+        _block((None, None, c, 1), lambda b, h, n: (b, chunk_of(n), 0, 0)),
+        _block((None, None, 1, c), lambda b, h, n: (b, chunk_of(n), 0, 0)),
     ]
+
+
+def _cost(
+    grid: tuple[int, int, int], c: int, dk: int, dv: int, arrays, *, backward: bool
+) -> pl.CostEstimate:
+    """What the kernel costs, declared to XLA (which cannot see into a Mosaic call: without it the
+    compiled cost analysis counts the kernel as free and the scheduler cannot overlap around it).
+
+    Matmul FLOPs of one chunk of the forward: `k k^T`, `q k^T`, `w` (6 C^2 K), `u` and the
+    intra-chunk output (4 C^2 V), `w S`, `q S`, `k^T v_new` (6 C K V), and the inverse's merges
+    (two C^3 products per doubling of the block size from 16). The backward recomputes the chunk
+    and takes two products per product of it: three times the forward. `exp`: `C^2` per chunk
+    (`Gamma`). `arrays`: every operand and result, for the HBM bytes.
+    """
+    merges = max(0, math.ceil(math.log2(c / chunk.INVERSE_BLOCK)))
+    flops = 6 * c * c * dk + 4 * c * c * dv + 6 * c * dk * dv + 4 * c**3 * merges
+    passes = 3 if backward else 1
+    programs = math.prod(grid)
+    return pl.CostEstimate(
+        flops=passes * programs * flops,
+        transcendentals=programs * c * c,
+        bytes_accessed=sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in arrays),
+    )
 
 
 def _load_chunk(q_ref, k_ref, v_ref, gc_ref, gr_ref, bc_ref, sc_ref, sr_ref):
@@ -92,7 +129,7 @@ def _forward_kernel(*refs, save_states: bool):
     if save_states:
         states_ref[...] = state
     q, k, v, gc, gr, bc, sc, sr = _load_chunk(*inputs)
-    o, state = chunk.chunk_step(state, q, k, v, gc, gr, bc, sc, sr)
+    o, state = chunk.chunk_step(state, q, k, v, gc, gr, bc, sc, sr, operands=inputs[0].dtype)
     o_ref[...] = o.astype(o_ref.dtype)
     s_scratch[...] = state
     # Written at every step, not only the last: the block stays resident across the chunk axis
@@ -110,17 +147,16 @@ def forward(q, k, v, gamma, beta, seg, h0, *, chunk_size: int, save_states: bool
     dv = v.shape[-1]
     c = chunk_size
     n_chunks = t // c
-    state_spec = pl.BlockSpec((None, None, dk, dv), lambda b_, h_, n: (b_, h_, 0, 0))
+    state_spec = _block((None, None, dk, dv), lambda b_, h_, n: (b_, h_, 0, 0))
     out_shape = [
         jax.ShapeDtypeStruct((b, h, t, dv), v.dtype),
         jax.ShapeDtypeStruct((b, h, dk, dv), jnp.float32),
     ]
-    out_specs = [pl.BlockSpec((None, None, c, dv), lambda b_, h_, n: (b_, h_, n, 0)), state_spec]
+    out_specs = [_block((None, None, c, dv), lambda b_, h_, n: (b_, h_, n, 0)), state_spec]
     if save_states:
         out_shape.append(jax.ShapeDtypeStruct((b, h, n_chunks, dk, dv), jnp.float32))
-        out_specs.append(
-            pl.BlockSpec((None, None, None, dk, dv), lambda b_, h_, n: (b_, h_, n, 0, 0))
-        )
+        out_specs.append(_block((None, None, None, dk, dv), lambda b_, h_, n: (b_, h_, n, 0, 0)))
+    operands = (q, k, v, *_token_inputs(gamma, beta, seg), h0)
     outs = pl.pallas_call(
         functools.partial(_forward_kernel, save_states=save_states),
         grid=(b, h, n_chunks),
@@ -130,8 +166,9 @@ def forward(q, k, v, gamma, beta, seg, h0, *, chunk_size: int, save_states: bool
         scratch_shapes=[pltpu.VMEM((dk, dv), jnp.float32)],
         compiler_params=_compiler_params(),
         interpret=_interpret(interpret),
+        cost_estimate=_cost((b, h, n_chunks), c, dk, dv, (*operands, *out_shape), backward=False),
         name="gated_delta_fwd",
-    )(q, k, v, *_token_inputs(gamma, beta, seg), h0)
+    )(*operands)
     return outs[0], outs[1], outs[2] if save_states else None
 
 
@@ -147,7 +184,7 @@ def _backward_kernel(*refs):
     q, k, v, gc, gr, bc, sc, sr = _load_chunk(*inputs)
 
     def step(state, q, k, v, gc, gr, bc):
-        return chunk.chunk_step(state, q, k, v, gc, gr, bc, sc, sr)
+        return chunk.chunk_step(state, q, k, v, gc, gr, bc, sc, sr, operands=inputs[0].dtype)
 
     _, pullback = jax.vjp(step, state_ref[...], q, k, v, gc, gr, bc)
     d_state, dq, dk, dv, dgc, dgr, dbc = pullback(
@@ -175,35 +212,38 @@ def backward(q, k, v, gamma, beta, seg, states, do, dh_final, *, chunk_size: int
     def rev(n):
         return n_chunks - 1 - n
 
-    state_spec = pl.BlockSpec((None, None, dk, dv), lambda b_, h_, n: (b_, h_, 0, 0))
+    state_spec = _block((None, None, dk, dv), lambda b_, h_, n: (b_, h_, 0, 0))
     f32 = jnp.float32
     token_shape = (b, h, n_chunks, c)
+    out_shape = [
+        jax.ShapeDtypeStruct(q.shape, f32),
+        jax.ShapeDtypeStruct(k.shape, f32),
+        jax.ShapeDtypeStruct(v.shape, f32),
+        jax.ShapeDtypeStruct((*token_shape, 1), f32),
+        jax.ShapeDtypeStruct((*token_shape[:3], 1, c), f32),
+        jax.ShapeDtypeStruct((*token_shape, 1), f32),
+        jax.ShapeDtypeStruct((b, h, dk, dv), f32),
+    ]
+    operands = (q, k, v, *_token_inputs(gamma, beta, seg), states, do, dh_final)
     dq, dk_, dv_, dgc, dgr, dbc, dh0 = pl.pallas_call(
         _backward_kernel,
         grid=(b, h, n_chunks),
         in_specs=[
             *_specs(c, dk, dv, rev),
-            pl.BlockSpec((None, None, None, dk, dv), lambda b_, h_, n: (b_, h_, rev(n), 0, 0)),
-            pl.BlockSpec((None, None, c, dv), lambda b_, h_, n: (b_, h_, rev(n), 0)),
+            _block((None, None, None, dk, dv), lambda b_, h_, n: (b_, h_, rev(n), 0, 0)),
+            _block((None, None, c, dv), lambda b_, h_, n: (b_, h_, rev(n), 0)),
             state_spec,
         ],
         out_specs=[
             *_specs(c, dk, dv, rev)[:6],
             state_spec,
         ],
-        out_shape=[
-            jax.ShapeDtypeStruct(q.shape, f32),
-            jax.ShapeDtypeStruct(k.shape, f32),
-            jax.ShapeDtypeStruct(v.shape, f32),
-            jax.ShapeDtypeStruct((*token_shape, 1), f32),
-            jax.ShapeDtypeStruct((*token_shape[:3], 1, c), f32),
-            jax.ShapeDtypeStruct((*token_shape, 1), f32),
-            jax.ShapeDtypeStruct((b, h, dk, dv), f32),
-        ],
+        out_shape=out_shape,
         scratch_shapes=[pltpu.VMEM((dk, dv), f32)],
         compiler_params=_compiler_params(),
         interpret=_interpret(interpret),
+        cost_estimate=_cost((b, h, n_chunks), c, dk, dv, (*operands, *out_shape), backward=True),
         name="gated_delta_bwd",
-    )(q, k, v, *_token_inputs(gamma, beta, seg), states, do, dh_final)
+    )(*operands)
     dgamma = dgc[..., 0] + dgr[..., 0, :]
     return dq, dk_, dv_, dgamma, dbc[..., 0], dh0

@@ -21,7 +21,16 @@ import numpy as np
 from seqlab.train.data import synthetic, text
 from seqlab.train.data.synthetic import IGNORE, batch_rng
 
-__all__ = ["DATASETS", "IGNORE", "Dataset", "batch_rng", "make_datasets", "synthetic", "text"]
+__all__ = [
+    "DATASETS",
+    "IGNORE",
+    "Dataset",
+    "batch_rng",
+    "make_datasets",
+    "synthetic",
+    "text",
+    "vocab_size",
+]
 
 Batch = dict[str, np.ndarray]
 
@@ -87,7 +96,7 @@ def _text(tokens: np.ndarray, vocab_size: int, data, batch_size: int, seed: int)
 
 
 def _bytes(data, batch_size: int, seed: int):
-    return _text(text.read_bytes(tuple(data.paths)), 256, data, batch_size, seed)
+    return _text(text.read_bytes(tuple(data.paths)), vocab_size(data), data, batch_size, seed)
 
 
 def _tokens(data, batch_size: int, seed: int):
@@ -106,6 +115,13 @@ DATASETS = {
     "bytes": _bytes,
     "tokens": _tokens,
 }
+
+
+def vocab_size(data) -> int:
+    """The vocabulary size of the config block `data`, without opening any file."""
+    if data.name not in DATASETS:
+        raise ValueError(f"data.name must be one of {sorted(DATASETS)}, got {data.name!r}")
+    return 256 if data.name == "bytes" else data.vocab_size
 
 
 def make_datasets(data, *, batch_size: int, seed: int) -> tuple[Dataset, dict[str, Dataset], int]:
