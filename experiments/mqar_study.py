@@ -23,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from absl import app, flags
 
+from experiments.plot import save_figure
 from seqlab.train.metrics import read_metrics
 
 RUNS = (
@@ -72,11 +73,7 @@ def figure(results: dict[str, dict[int, float]], out: pathlib.Path) -> None:
     ax.set_xticks(sorted({c for acc in results.values() for c in acc}))
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save_figure(fig, (ax,), out, legend_size=8)
 
 
 def main(argv):

@@ -17,13 +17,21 @@ from absl import app, flags
 
 from seqlab.train.metrics import read_metrics
 
-_OUT = flags.DEFINE_string("out", "curves.png", "the PNG to write")
-
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     """`(steps, values)` of the records that have `key`."""
     rows = [(r["step"], r[key]) for r in records if key in r]
     return [s for s, _ in rows], [v for _, v in rows]
+
+
+def save_figure(fig, axes, out, *, legend_size: int) -> None:
+    """Grid and legend on every one of `axes`, then `fig` written to the PNG `out` and closed."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
 
 
 def plot(workdirs: list[str], out: str) -> None:
@@ -44,12 +52,7 @@ def plot(workdirs: list[str], out: str) -> None:
             ax_acc.plot(steps, values, styles[j % 4], color=color, marker="o", label=label)
     ax_loss.set(xlabel="step", ylabel="training loss", yscale="log", title="loss")
     ax_acc.set(xlabel="step", ylabel="accuracy", ylim=(-0.02, 1.02), title="evaluation accuracy")
-    for ax in (ax_loss, ax_acc):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save_figure(fig, (ax_loss, ax_acc), out, legend_size=7)
 
 
 def main(argv):
@@ -60,4 +63,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    # Defined only when run: `experiments.mqar_study` imports `save_figure` and has its own --out.
+    _OUT = flags.DEFINE_string("out", "curves.png", "the PNG to write")
     app.run(main)

@@ -27,44 +27,31 @@ runs a 1-block model of width 16 for 8 steps on the bytes (seconds; loss near lo
 
 import pathlib
 
-from experiments.configs.base import base_config, model_block, parse_arg
+from experiments.configs.base import base_config, model_block, parse_arg, runlocal
 
 _SOURCES = pathlib.Path(__file__).resolve().parents[2] / "seqlab"
 
 
 def get_config(arg: str | None = None):
-    args = parse_arg(arg, {"data": ("bytes", "tokens"), "model": (), "runlocal": ()})
-    config = base_config()
-    config.model = model_block(str(args.get("model", "gdn")), d_model=128, num_layers=4, d_ff=256)
+    """The run of `arg` (module docstring)."""
+    args = parse_arg(arg, {"data": ("bytes", "tokens"), "model": "gdn", "runlocal": False})
+    config = base_config(
+        total_steps=2000, batch_size=16, checkpoint_every=500, log_every=50, eval_every=500
+    )
+    config.optimizer.update(learning_rate=2e-3, warmup_steps=100)
+    config.model = model_block(args["model"], d_model=128, num_layers=4, d_ff=256)
     config.model.gdn.update(num_heads=2, head_dim=64, chunk_size=64)
     config.model.mamba2.update(d_state=64, head_dim=32, chunk_size=64)
     config.model.attention.num_heads = 4
-    if args.get("data", "bytes") == "bytes":
+    if args["data"] == "bytes":
         paths = tuple(sorted(str(p) for p in _SOURCES.rglob("*.py")))
         config.data = dict(name="bytes", seq_len=256, paths=paths, eval_fraction=0.05)
     else:
         config.data = dict(
             name="tokens", seq_len=256, path="", vocab_size=32000, eval_fraction=0.01
         )
-    config.total_steps = 2000
-    config.batch_size = 16
-    config.checkpoint_every = 500
-    config.log_every = 50
-    config.eval_every = 500
-    config.eval_batches = 4
-    config.optimizer.learning_rate = 2e-3
-    config.optimizer.warmup_steps = 100
-
-    if args.get("runlocal"):
+    if args["runlocal"]:
+        runlocal(config)
         config.model.update(d_model=16, num_layers=1, d_ff=32)
-        config.model.gdn.update(head_dim=8, chunk_size=16)  # 16: the Pallas kernels
-        config.model.mamba2.update(d_state=8, head_dim=8, chunk_size=8)
         config.data.seq_len = 32
-        config.total_steps = 8
-        config.batch_size = 8
-        config.checkpoint_every = 4
-        config.log_every = 2
-        config.eval_every = 4
-        config.eval_batches = 1
-        config.optimizer.warmup_steps = 2
     return config

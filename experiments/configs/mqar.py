@@ -19,20 +19,20 @@ mamba and polar_mamba stay at about 45/26/15 %. `experiments/mqar_study.py` runs
 runs a 1-block model of width 16 for 8 steps (seconds; loss near log(64) ≈ 4.2, accuracy near 0).
 """
 
-from experiments.configs.base import base_config, model_block, parse_arg
+from experiments.configs.base import base_config, model_block, parse_arg, runlocal
 
 MODELS = ("mamba", "polar_mamba", "gdn", "mamba2", "hybrid", "attention")
 
 
 def get_config(arg: str | None = None):
-    args = parse_arg(arg, {"model": MODELS, "layers": (), "runlocal": ()})
-    name = args.get("model", "mamba")
-    config = base_config()
-    config.model = model_block(name, d_model=64, num_layers=int(args.get("layers", 2)))
-    config.model.mamba.d_state = 16
+    """The run of `arg` (module docstring)."""
+    args = parse_arg(arg, {"model": MODELS, "layers": 2, "runlocal": False})
+    name = args["model"]
+    config = base_config(checkpoint_every=250, log_every=25, eval_every=250, eval_batches=8)
+    config.optimizer.update(learning_rate=1e-2, warmup_steps=100)
+    config.model = model_block(name, d_model=64, num_layers=args["layers"])
     config.model.gdn.update(num_heads=2, head_dim=32, chunk_size=32)
     config.model.mamba2.update(d_state=16, head_dim=32, chunk_size=32)
-    config.model.attention.num_heads = 2
     config.data = dict(
         name="mqar",
         seq_len=32,
@@ -41,26 +41,8 @@ def get_config(arg: str | None = None):
         eval_num_kv_pairs=(2, 4, 8),
         power_a=0.01,
     )
-    config.total_steps = 1000
-    config.batch_size = 32
-    config.checkpoint_every = 250
-    config.log_every = 25
-    config.eval_every = 250
-    config.eval_batches = 8
-    config.optimizer.learning_rate = 1e-2
-    config.optimizer.warmup_steps = 100
-
-    if args.get("runlocal"):
-        config.model.d_model = 16
-        config.model.num_layers = 2 if name == "hybrid" else 1
-        config.model.gdn.update(head_dim=8, chunk_size=16)  # 16: the Pallas kernels
-        config.model.mamba2.update(d_state=8, head_dim=8, chunk_size=8)
-        config.data.update(seq_len=32, vocab_size=64, num_kv_pairs=(2, 4), eval_num_kv_pairs=(4,))
-        config.total_steps = 8
-        config.batch_size = 8
-        config.checkpoint_every = 4
-        config.log_every = 2
-        config.eval_every = 4
-        config.eval_batches = 1
-        config.optimizer.warmup_steps = 2
+    if args["runlocal"]:
+        runlocal(config)
+        config.model.update(d_model=16, num_layers=2 if name == "hybrid" else 1)
+        config.data.update(num_kv_pairs=(2, 4), eval_num_kv_pairs=(4,))
     return config

@@ -29,29 +29,25 @@ a fresh initialization otherwise (seconds).
 """
 
 from experiments.configs import ode_lm
-from experiments.configs.base import parse_arg
+from experiments.configs.base import parse_arg, runlocal
 
 
 def get_config(arg: str | None = None):
     """The fine-tuning run of `arg` (module docstring)."""
-    args = parse_arg(arg, {"from": (), "steps": (), "lora": (), "runlocal": ()})
-    config = ode_lm.get_config("runlocal" if args.get("runlocal") else None)
-    lora = int(args.get("lora", 0))
-    config.init_from = str(args.get("from", ""))
-    config.model.num_layers = int(args.get("steps", 3 if args.get("runlocal") else 24))
+    args = parse_arg(arg, {"from": "", "steps": int, "lora": 0, "runlocal": False})
+    config = ode_lm.get_config("runlocal" if args["runlocal"] else None)
+    lora = args["lora"]
+    config.init_from = args["from"]
+    steps = args["steps"]
+    config.model.num_layers = (3 if args["runlocal"] else 24) if steps is None else steps
     config.model.ode.lora_rank = lora
-    config.optimizer.trainable = "lora" if lora else ""
-    config.optimizer.learning_rate = 1e-3 if lora else 3e-4
-    config.optimizer.weight_decay = 0.0
-    config.total_steps = 300
-    config.checkpoint_every = 100
-    config.eval_every = 100
-    config.log_every = 10
-    config.optimizer.warmup_steps = 20
-    if args.get("runlocal"):
-        config.total_steps = 4
-        config.checkpoint_every = 4
-        config.eval_every = 4
-        config.log_every = 1
-        config.optimizer.warmup_steps = 1
+    config.optimizer.update(
+        trainable="lora" if lora else "",
+        learning_rate=1e-3 if lora else 3e-4,
+        weight_decay=0.0,
+        warmup_steps=20,
+    )
+    config.update(total_steps=300, checkpoint_every=100, eval_every=100, log_every=10)
+    if args["runlocal"]:
+        runlocal(config, total_steps=4, log_every=1, warmup_steps=1)
     return config

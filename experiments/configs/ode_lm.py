@@ -23,17 +23,16 @@ from experiments.configs.base import parse_arg
 
 def get_config(arg: str | None = None):
     """The run of `arg` (module docstring)."""
-    args = parse_arg(arg, {"steps": (), "runlocal": ()})
-    config = lm.get_config("model=ode_transformer" + (",runlocal" if args.get("runlocal") else ""))
-    if args.get("runlocal"):
-        config.model.update(d_model=16, num_layers=int(args.get("steps", 2)), d_ff=32)
+    args = parse_arg(arg, {"steps": int, "runlocal": False})
+    config = lm.get_config("model=ode_transformer" + (",runlocal" if args["runlocal"] else ""))
+    steps = args["steps"]
+    if args["runlocal"]:
+        config.model.update(d_model=16, num_layers=2 if steps is None else steps, d_ff=32)
         config.model.ode.update(num_heads=2, time_features=4, hidden=8)
         return config
-    config.model.update(d_model=64, num_layers=int(args.get("steps", 12)), d_ff=256)
+    config.model.update(d_model=64, num_layers=12 if steps is None else steps, d_ff=256)
     config.model.ode.update(num_heads=4, time_features=8, hidden=32)
     config.data.seq_len = 128
-    config.total_steps = 1500
-    config.checkpoint_every = 250
-    config.eval_every = 250
+    config.update(total_steps=1500, checkpoint_every=250, eval_every=250)
     config.optimizer.learning_rate = 3e-3
     return config

@@ -28,9 +28,8 @@ SIGNS = ("pos", "neg", "mixed", "none")
 
 def get_config(arg: str | None = None):
     """`mqar.py`'s Mamba run with the sign constraint of `arg` (module docstring)."""
-    args = parse_arg(arg, {"sign": SIGNS, "runlocal": ()})
-    config = mqar.get_config("model=mamba" + (",runlocal" if args.get("runlocal") else ""))
-    sign = args.get("sign", "pos")
-    if sign != "none":
-        config.model.mamba.sign_constraint = sign
+    args = parse_arg(arg, {"sign": SIGNS, "runlocal": False})
+    config = mqar.get_config("model=mamba" + (",runlocal" if args["runlocal"] else ""))
+    if args["sign"] != "none":
+        config.model.mamba.sign_constraint = args["sign"]
     return config

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_floating, check_shape
+from seqlab.ops.checks import check_floating, check_shape
 
 
 def token_influence(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_choice, check_floating, check_positive_int, check_shape
+from seqlab.ops.checks import check_choice, check_floating, check_positive_int, check_shape
 
 METHODS = ("euler", "rk4")
 

@@ -15,7 +15,7 @@ Every function takes one sequence; batch with `jax.vmap`. Results follow the dty
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_floating, check_shape
+from seqlab.ops.checks import check_floating, check_shape
 
 
 def _check(x) -> None:

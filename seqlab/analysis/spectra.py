@@ -28,7 +28,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_floating, check_shape
+from seqlab.ops.checks import check_floating, check_shape
 
 WEIGHT_NAMES = ("wq", "wk", "wv", "wo", "w1", "w2")
 

@@ -5,14 +5,14 @@
 `A_max^distance`) and over-smoothing to the smallest; the per-channel range `A_max - A_min` shows
 how much a channel's memory actually varies with the input.
 
-Both functions take the keyword arguments of `selective_scan` (as `Mamba.scan_inputs` returns
+Both functions take the keyword arguments of `selective_scan` (as `Mamba.op_inputs` returns
 them; only `delta`, `delta_bias`, `A` and `delta_softplus` are read).
 """
 
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_shape
+from seqlab.ops.checks import check_shape
 
 
 def transitions(inputs: dict) -> jax.Array:

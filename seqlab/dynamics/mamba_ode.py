@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from seqlab.modules.mamba import Mamba
-from seqlab.ops._checks import check_floating, check_shape
+from seqlab.ops.checks import check_floating, check_shape
 
 
 class Field(NamedTuple):

@@ -26,8 +26,11 @@ Linearized at the uniform measure, the degree-`k` spherical harmonics grow at (F
 
 - `vector_field`: the right-hand side, dense or blocked over keys (`O(n * block_size)` memory).
 - `integrate`: fixed-step projected Euler or RK4 (retraction `x / |x|`), snapshots; jit/vmap-able.
-- `energy`, `growth_rate`, `dominant_mode`, `mode_amplitudes`, `cluster_count_circle`,
-  `cluster_count`, and `vector_field_reference` (plain float64 numpy, the oracle of the tests).
+- `energy`, `growth_rate`, `dominant_mode`, `mode_amplitudes`, `circle_clusters`,
+  `cluster_count_circle`, `cluster_count`, and `vector_field_reference` (plain float64 numpy, the
+  oracle of the tests).
+- `on_circle`, `fibonacci_sphere`: particles at given angles of the circle, a near-uniform
+  lattice of `S^2`.
 """
 
 import functools
@@ -39,7 +42,7 @@ import numpy as np
 import scipy.sparse.csgraph
 import scipy.special
 
-from seqlab.ops._checks import check_choice, check_floating, check_positive_int, check_shape
+from seqlab.ops.checks import check_choice, check_floating, check_positive_int, check_shape
 
 METHODS = ("euler", "rk4")
 
@@ -332,14 +335,47 @@ def mode_amplitudes(x, ks) -> jax.Array:
     return jnp.abs(jnp.mean(z[None, :] ** ks[:, None], axis=-1))
 
 
-def cluster_count_circle(x, *, gap) -> jax.Array:
-    """The number of clusters of `x: [n, 2]` on the circle: groups of points separated by angular
-    gaps `> gap` (radians); 1 when no gap is that wide. Traceable (vmap over runs)."""
+def circle_clusters(x, *, gap) -> tuple[jax.Array, jax.Array]:
+    """`(count, widest)` of `x: [n, 2]` on the circle: the number of clusters (groups of points
+    separated by angular gaps `> gap`, radians; 1 when no gap is that wide) and the angular span of
+    the widest cluster (`2 pi` when there is one). Traceable (vmap over runs and snapshots).
+
+    Sorted angles `theta_(1) <= ... <= theta_(n)` have gaps `g_i = theta_(i+1) - theta_(i)` (the
+    last wraps around by `2 pi`); a cluster's span is the sum of the gaps `<= gap` inside it.
+    """
     check_floating("x", x)
     check_shape("x", x, (None, 2), "[n, 2]")
     theta = jnp.sort(jnp.arctan2(x[:, 1], x[:, 0]))
-    gaps = jnp.diff(theta, append=theta[:1] + 2 * jnp.pi)  # the last wraps around
-    return jnp.maximum(jnp.sum(gaps > gap), 1)
+    gaps = jnp.diff(theta, append=theta[:1] + 2 * jnp.pi)  # gaps[i]: from point i to i + 1
+    split = gaps > gap
+    count = jnp.sum(split)
+    start = jnp.argmax(split) + 1  # start right after a split
+    gaps, split = jnp.roll(gaps, -start), jnp.roll(split, -start)
+    cluster = jnp.cumsum(split) - split  # the cluster of each point
+    widths = jax.ops.segment_sum(jnp.where(split, 0.0, gaps), cluster, num_segments=x.shape[0])
+    widest = jnp.where(count > 0, jnp.max(widths), 2 * jnp.pi).astype(gaps.dtype)
+    return jnp.maximum(count, 1), widest
+
+
+def cluster_count_circle(x, *, gap) -> jax.Array:
+    """The number of clusters of `x: [n, 2]` on the circle (`circle_clusters`)."""
+    return circle_clusters(x, gap=gap)[0]
+
+
+def on_circle(theta) -> jax.Array:
+    """Points `[..., n, 2]` of the unit circle at the angles `theta: [..., n]`."""
+    return jnp.stack([jnp.cos(theta), jnp.sin(theta)], axis=-1)
+
+
+def fibonacci_sphere(n: int) -> np.ndarray:
+    """`[n, 3]` nearly uniform points of `S^2` (the Fibonacci lattice, float64 numpy): heights
+    `z_i = 1 - 2 (i + 1/2) / n` and longitudes advancing by the golden angle `pi (1 + sqrt 5)`."""
+    check_positive_int("n", n)
+    i = np.arange(n) + 0.5
+    z = 1 - 2 * i / n
+    phi = np.pi * (1 + np.sqrt(5)) * i
+    r = np.sqrt(1 - z**2)
+    return np.stack([r * np.cos(phi), r * np.sin(phi), z], axis=-1)
 
 
 def cluster_count(x, *, cos_min) -> int:

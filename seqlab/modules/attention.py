@@ -20,15 +20,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from seqlab.modules.mixer import Mixer
 from seqlab.modules.norm import RMSNorm
-from seqlab.ops._checks import check_positive_int, check_shape
 from seqlab.ops.attention import attention, rope
+from seqlab.ops.checks import check_positive_int
 
 # Position of a cache slot that has never been written: above every query position, so masked.
 _UNWRITTEN = jnp.iinfo(jnp.int32).max
 
 
-class Attention(nn.Module):
+class Attention(Mixer):
     """Causal multi-head attention (sliding-window when `window` is set) with rotary embeddings.
 
     `__call__(x: [B, T, d_model]) -> [B, T, d_model]`; `init_cache(batch_size, max_len)`;
@@ -53,7 +54,7 @@ class Attention(nn.Module):
     def head_size(self) -> int:
         return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
 
-    def setup(self):
+    def check_fields(self) -> None:
         check_positive_int("d_model", self.d_model)
         check_positive_int("num_heads", self.num_heads)
         check_positive_int("num_kv_heads", self.kv_heads)
@@ -67,6 +68,7 @@ class Attention(nn.Module):
         if self.window is not None:
             check_positive_int("window", self.window)
 
+    def setup(self):
         def dense(features: int, name: str) -> nn.Dense:
             return nn.Dense(
                 features,
@@ -102,20 +104,21 @@ class Attention(nn.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x: [B, T, d_model]` -> `[B, T, d_model]`."""
-        check_shape("x", x, (None, None, self.d_model), "[B, T, d_model]")
+        return self._out(attention(**self.op_inputs(x)))
+
+    def op_inputs(self, x: jax.Array) -> dict:
+        """The operands of `seqlab.ops.attention` for `x: [B, T, d_model]`, as `__call__` passes
+        them: `{"q": [B, T, H, D], "k", "v": [B, T, HKV, D]` (q and k rotated), `"q_positions",
+        "k_positions": [T] int32, "window"}`."""
+        self.check_sequence(x)
         positions = jnp.arange(x.shape[1], dtype=jnp.int32)
         q, k, v = self._qkv(x, positions)
-        o = attention(q, k, v, q_positions=positions, k_positions=positions, window=self.window)
-        return self._out(o)
+        return dict(q=q, k=k, v=v, q_positions=positions, k_positions=positions, window=self.window)
 
-    def init_cache(self, batch_size: int, max_len: int) -> dict:
-        """Empty decoding cache for `batch_size` sequences of up to `max_len` tokens.
-
-        `{"k", "v": [B, slots, HKV, D] in dtype, "slot_pos": [slots] int32, "pos": int32}` with
+    def zero_cache(self, batch_size: int, max_len: int) -> dict:
+        """`{"k", "v": [B, slots, HKV, D] in dtype, "slot_pos": [slots] int32, "pos": int32}` with
         `slots = max_len` (global) or `min(window, max_len)` (sliding window).
         """
-        check_positive_int("batch_size", batch_size)
-        check_positive_int("max_len", max_len)
         if self.window is None:
             slots = max_len
             slot_pos = jnp.arange(max_len, dtype=jnp.int32)  # slot s holds position s
@@ -132,7 +135,7 @@ class Attention(nn.Module):
 
     def step(self, x_t: jax.Array, cache: dict):
         """One decoding step: `x_t: [B, d_model]` -> (`y_t: [B, d_model]`, updated cache)."""
-        check_shape("x_t", x_t, (None, self.d_model), "[B, d_model]")
+        self.check_token(x_t)
         pos = cache["pos"]
         q, k, v = self._qkv(x_t[:, None], pos[None])  # [B, 1, H or HKV, D]
         slot = pos % cache["k"].shape[1]

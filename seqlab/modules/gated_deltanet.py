@@ -31,9 +31,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from seqlab.modules.mamba2 import a_log_init, conv_kernel_init, dt_bias_init
+from seqlab.modules import initializers
+from seqlab.modules.mixer import Mixer
 from seqlab.modules.norm import RMSNorm
-from seqlab.ops._checks import check_floating, check_positive_int, check_shape
+from seqlab.ops.checks import check_positive_int
 from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
 from seqlab.ops.gated_delta import gated_delta_rule, gated_delta_rule_step
 from seqlab.ops.norm import l2_normalize
@@ -42,7 +43,7 @@ _A_INIT_RANGE = (0.0, 16.0)
 _DT_MIN, _DT_MAX, _DT_INIT_FLOOR = 1e-3, 1e-1, 1e-4
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(Mixer):
     """Gated DeltaNet mixer: `[B, T, d_model] -> [B, T, d_model]` (see the module docstring).
 
     Attributes:
@@ -82,7 +83,7 @@ class GatedDeltaNet(nn.Module):
         """`V = expand_v * head_dim`."""
         return round(self.expand_v * self.head_dim)
 
-    def _check_fields(self) -> None:
+    def check_fields(self) -> None:
         for name in ("d_model", "num_heads", "head_dim", "conv_size", "chunk_size"):
             check_positive_int(name, getattr(self, name))
         check_positive_int("num_v_heads", self.v_heads)
@@ -99,7 +100,6 @@ class GatedDeltaNet(nn.Module):
             )
 
     def setup(self):
-        self._check_fields()
         pd = self.param_dtype
         key_dim, value_dim = self.num_heads * self.head_dim, self.v_heads * self.head_v_dim
         dense = partial(nn.Dense, use_bias=False, dtype=self.dtype, param_dtype=pd)
@@ -107,12 +107,12 @@ class GatedDeltaNet(nn.Module):
         self.v_proj, self.g_proj = dense(value_dim), dense(value_dim)
         self.a_proj, self.b_proj = dense(self.v_heads), dense(self.v_heads)
         self.o_proj = dense(self.d_model)
-        conv_init = conv_kernel_init(self.conv_size)
+        conv_init = initializers.uniform(self.conv_size**-0.5)  # PyTorch's depthwise Conv1d
         self.q_conv = self.param("q_conv", conv_init, (self.conv_size, key_dim), pd)
         self.k_conv = self.param("k_conv", conv_init, (self.conv_size, key_dim), pd)
         self.v_conv = self.param("v_conv", conv_init, (self.conv_size, value_dim), pd)
-        self.A_log = self.param("A_log", a_log_init(*_A_INIT_RANGE), (self.v_heads,), pd)
-        dt_init = dt_bias_init(_DT_MIN, _DT_MAX, _DT_INIT_FLOOR)
+        self.A_log = self.param("A_log", initializers.a_log(*_A_INIT_RANGE), (self.v_heads,), pd)
+        dt_init = initializers.dt_bias(_DT_MIN, _DT_MAX, _DT_INIT_FLOOR)
         self.dt_bias = self.param("dt_bias", dt_init, (self.v_heads,), pd)
         self.o_norm = RMSNorm(eps=self.norm_eps, param_dtype=pd)
 
@@ -127,8 +127,7 @@ class GatedDeltaNet(nn.Module):
         Returns `{"q", "k": [B, T, H, K] (unit norm per head), "v": [B, T, HV, V] in dtype,
         "g", "beta": [B, T, HV]}`, `g` and `beta` in float32 (float64 for float64 compute).
         """
-        check_floating("x", x)
-        check_shape("x", x, (None, None, self.d_model), "[B, T, d_model]")
+        self.check_sequence(x)
 
         def conv(proj, weight):
             return jax.nn.silu(causal_conv1d(proj(x), weight))
@@ -141,29 +140,22 @@ class GatedDeltaNet(nn.Module):
         g, beta = self._gates(x)
         return {"q": q, "k": k, "v": v, "g": g, "beta": beta}
 
-    def init_cache(self, batch_size: int, max_len: int) -> dict:
-        """Zero decoding cache for `batch_size` sequences; `max_len` is unused (the cache of a
-        recurrent mixer does not grow).
-
-        Returns `{"q_conv", "k_conv": [B, W - 1, H K], "v_conv": [B, W - 1, HV V]` in dtype,
-        `"state": [B, HV, K, V]}` in float32 (float64 for float64 compute).
-        """
-        self._check_fields()
-        check_positive_int("batch_size", batch_size)
-        check_positive_int("max_len", max_len)
-        acc = jnp.promote_types(self.dtype, jnp.float32)
+    def zero_cache(self, batch_size: int, max_len: int) -> dict:
+        """`{"q_conv", "k_conv": [B, W - 1, H K], "v_conv": [B, W - 1, HV V]` in dtype,
+        `"state": [B, HV, K, V]` in acc_dtype`}`."""
         width, key_dim = self.conv_size - 1, self.num_heads * self.head_dim
         return {
             "q_conv": jnp.zeros((batch_size, width, key_dim), self.dtype),
             "k_conv": jnp.zeros((batch_size, width, key_dim), self.dtype),
             "v_conv": jnp.zeros((batch_size, width, self.v_heads * self.head_v_dim), self.dtype),
-            "state": jnp.zeros((batch_size, self.v_heads, self.head_dim, self.head_v_dim), acc),
+            "state": jnp.zeros(
+                (batch_size, self.v_heads, self.head_dim, self.head_v_dim), self.acc_dtype
+            ),
         }
 
     def step(self, x_t: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
         """One decoding step: `x_t: [B, d_model]` -> `(y_t: [B, d_model], new_cache)`."""
-        check_floating("x_t", x_t)
-        check_shape("x_t", x_t, (None, self.d_model), "[B, d_model]")
+        self.check_token(x_t)
         q, q_conv = causal_conv1d_step(self.q_proj(x_t), cache["q_conv"], self.q_conv)
         k, k_conv = causal_conv1d_step(self.k_proj(x_t), cache["k_conv"], self.k_conv)
         v, v_conv = causal_conv1d_step(self.v_proj(x_t), cache["v_conv"], self.v_conv)
@@ -182,7 +174,7 @@ class GatedDeltaNet(nn.Module):
     def _gates(self, x: jax.Array):
         """Log-decay `g = -exp(A_log) softplus(a_proj x + dt_bias)` and `beta = sigmoid(b_proj x)`,
         both `[..., HV]` in the accumulation dtype."""
-        acc = jnp.promote_types(self.dtype, jnp.float32)
+        acc = self.acc_dtype
         dt = jax.nn.softplus(self.a_proj(x).astype(acc) + self.dt_bias.astype(acc))
         g = -jnp.exp(self.A_log.astype(acc)) * dt
         return g, jax.nn.sigmoid(self.b_proj(x).astype(acc))

@@ -7,8 +7,8 @@
     'g'  Gated DeltaNet
 
 Every block is `Block(mixer, mlp)`: `x + mixer(RMSNorm(x))`, then `x + SwiGLU(RMSNorm(x))` when
-`d_ff` is set. The head is tied to the embedding: `logits = RMSNorm(h) @ E^T`, in float32 (float64
-for a float64 model).
+`d_ff` is set. The head is tied to the embedding (`TiedEmbedding`): `logits = RMSNorm(h) @ E^T`,
+in float32 (float64 for a float64 model).
 
 `python -m seqlab.modules.lm` prints the parameter count of every preset (shapes only, no
 allocation).
@@ -25,12 +25,12 @@ from flax.core import FrozenDict
 
 from seqlab.modules.attention import Attention
 from seqlab.modules.block import Block
+from seqlab.modules.embedding import TiedEmbedding
 from seqlab.modules.gated_deltanet import GatedDeltaNet
 from seqlab.modules.mamba import Mamba
 from seqlab.modules.mamba2 import Mamba2
 from seqlab.modules.mlp import SwiGLU
-from seqlab.modules.norm import RMSNorm
-from seqlab.ops._checks import check_positive_int, check_shape
+from seqlab.ops.checks import check_positive_int, check_shape
 
 MIXERS = {
     "m": "Mamba",
@@ -108,23 +108,17 @@ class LanguageModel(nn.Module):
         return SwiGLU(self.d_model, self.d_ff, self.dtype, self.param_dtype, parent=None)
 
     def setup(self):
-        self.embed = nn.Embed(
-            self.vocab_size,
-            self.d_model,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            embedding_init=nn.initializers.normal(0.02),
+        self.embedding = TiedEmbedding(
+            self.vocab_size, self.d_model, "rms", self.norm_eps, self.dtype, self.param_dtype
         )
         self.blocks = [
             Block(mixer=self._mixer(kind), mlp=self._mlp(), norm_eps=self.norm_eps)
             for kind in self.pattern
         ]
-        self.norm = RMSNorm(eps=self.norm_eps, param_dtype=self.param_dtype)
 
-    def _logits(self, h: jax.Array) -> jax.Array:
-        """Tied head: `RMSNorm(h) @ E^T` in float32 (float64 for a float64 model)."""
-        acc = jnp.promote_types(self.dtype, jnp.float32)
-        return self.norm(h).astype(acc) @ self.embed.embedding.astype(acc).T
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """`tokens: [B, T]` (or `[B]`) int -> embeddings `[..., d_model]` in the compute dtype."""
+        return self.embedding.embed(tokens)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """`tokens: [B, T]` int -> logits `[B, T, vocab_size]`."""
@@ -137,7 +131,7 @@ class LanguageModel(nn.Module):
         check_shape("h", h, (None, None, self.d_model), "[B, T, d_model]")
         for block in self.blocks:
             h = block(h)
-        return self._logits(h)
+        return self.embedding.readout(h)
 
     def init_cache(self, batch_size: int, max_len: int) -> tuple:
         """Zero decoding cache: one mixer cache per block."""
@@ -153,7 +147,7 @@ class LanguageModel(nn.Module):
         for block, block_cache in zip(self.blocks, cache, strict=True):
             h, block_cache = block.step(h, block_cache)
             new_cache.append(block_cache)
-        return self._logits(h), tuple(new_cache)
+        return self.embedding.readout(h), tuple(new_cache)
 
 
 def _check_tokens(name: str, tokens, expected: tuple, layout: str) -> None:

@@ -1,9 +1,9 @@
-"""The Mamba-1 mixer, with polarized state channels and a sign-constrained x_proj.
+"""The Mamba-1 mixer (Gu & Dao 2023), with the paper variants of `seqlab.modules.mamba_variants`.
 
 Per token (`x: [B, T, d_model]`, `d_inner = expand * d_model`, `N = n_ones + d_state + n_zeros`):
 
     x, z  = split(in_proj(x))                              # [B, T, d_inner] each
-    u     = silu(causal_conv1d(x))                         # depthwise, width d_conv
+    u     = silu(causal_conv1d(x))                         # depthwise, width conv_size
     delta = W_dt (S_dt u);  B = S_B u;  C = S_C u          # x_proj then dt_proj (bias in the scan)
     y     = selective_scan(u, delta, A, B, C, D, z, delta_bias=b_dt, delta_softplus=True)
     out   = out_proj(y)
@@ -16,7 +16,7 @@ tokens and the gate are permuted by a soft sort of importance scores before the 
 scan's output is permuted back:
 
     s_l = w^T (S_delta u_l + b_dt)                         # S_delta = W_dt S_dt, [B, T]
-    P   = softsort(s, tau)                                 # [B, T, T], rows sum to 1
+    P   = soft_sort(s, tau)                                # [B, T, T], rows sum to 1
     y   = P^T selective_scan(P u, ..., z = P z)            # B, C, delta recomputed from P u
 """
 
@@ -26,51 +26,23 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_choice, check_floating, check_positive_int, check_shape
+from seqlab.modules import initializers
+from seqlab.modules import mamba_variants as variants
+from seqlab.modules.mixer import Mixer, check_dt_init
+from seqlab.ops.checks import check_choice, check_floating, check_positive_int, check_shape
 from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
 from seqlab.ops.selective_scan import selective_scan
-
-SIGN_CONSTRAINTS = (None, "pos", "neg", "mixed")
-_LAMBDA_FLOOR = 0.7  # |lambda| = softplus(theta) + 0.7, as in the token-dynamics authors' code
+from seqlab.ops.softsort import soft_sort
 
 
-def _uniform(bound: float):
-    """Uniform(-bound, bound) initializer; bound = fan_in^-0.5 is PyTorch's Linear and Conv1d
-    default, which Mamba keeps for in_proj, conv, x_proj and out_proj."""
-
-    def init(key, shape, dtype=jnp.float32):
-        return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-    return init
-
-
-def _dt_bias_init(dt_min: float, dt_max: float, floor: float):
-    """Mamba's dt bias: inverse-softplus of dt ~ log-uniform[dt_min, dt_max], floored at `floor`."""
-
-    def init(key, shape, dtype=jnp.float32):
-        log_dt = jax.random.uniform(key, shape, dtype, math.log(dt_min), math.log(dt_max))
-        dt = jnp.maximum(jnp.exp(log_dt), jnp.asarray(floor, dtype))
-        return dt + jnp.log(-jnp.expm1(-dt))  # softplus^{-1}(dt) = log(exp(dt) - 1)
-
-    return init
-
-
-def _s4d_real_init(key, shape, dtype=jnp.float32):
-    """`A_log[d, n] = log(n + 1)`, so that `A = -exp(A_log) = -(1..N)` (S4D-real)."""
-    del key
-    return jnp.broadcast_to(jnp.log(jnp.arange(1, shape[1] + 1, dtype=dtype)), shape)
-
-
-class Mamba(nn.Module):
+class Mamba(Mixer):
     """Mamba-1 mixer: `x [B, T, d_model] -> [B, T, d_model]`.
 
     Polarization (`polarize=(n_ones, n_zeros)`, Wang et al., arXiv 2501.00658): the state gets
     `n_ones` channels in front of the `d_state` learnable ones with pre-exponential `A` fixed at
-    exactly 0 (decay exactly 1: a running sum of `dt B u` that never forgets), and `n_zeros`
-    channels behind them with `A` fixed at `polar_zero_A`. These `A` are constants, not parameters;
-    B and C are still produced by x_proj for every channel. The "zero" channel only forgets for
-    large dt: `exp(-100 dt)` is ~0.905 at dt = 1e-3 and ~4.5e-5 at dt = 0.1 (-100 is the value of
-    the authors' code; it is configurable).
+    exactly 0 (decay exactly 1), and `n_zeros` channels behind them with `A` fixed at
+    `polar_zero_A` (`mamba_variants.polarized_state_matrix`). B and C are still produced by x_proj
+    for every channel.
 
     Sign constraint (`sign_constraint`, Vo et al., arXiv 2410.03292, "Refinement 1"): the B-part of
     x_proj is tied to its C-part, `S_B = diag(lambda) S_C`, so that the token-interaction matrix
@@ -86,7 +58,7 @@ class Mamba(nn.Module):
     Attributes:
       d_model: model width.
       d_state: learnable state channels per inner channel.
-      d_conv: width of the causal depthwise convolution.
+      conv_size: width of the causal depthwise convolution.
       expand: `d_inner = expand * d_model`.
       dt_rank: rank of the dt projection; None means `ceil(d_model / 16)`.
       dt_min, dt_max, dt_init_floor: range of the initial `dt = softplus(dt_bias)`.
@@ -113,7 +85,7 @@ class Mamba(nn.Module):
 
     d_model: int
     d_state: int = 16
-    d_conv: int = 4
+    conv_size: int = 4
     expand: int = 2
     dt_rank: int | None = None
     dt_min: float = 1e-3
@@ -145,19 +117,12 @@ class Mamba(nn.Module):
         """State channels per inner channel: `n_ones + d_state + n_zeros`."""
         return self.polarize[0] + self.d_state + self.polarize[1]
 
-    def __post_init__(self):
-        self._validate()  # at construction: bad sizes fail before any tracing
-        super().__post_init__()
-
-    def _validate(self) -> None:
-        for name in ("d_model", "d_state", "d_conv", "expand"):
+    def check_fields(self) -> None:
+        for name in ("d_model", "d_state", "conv_size", "expand"):
             check_positive_int(name, getattr(self, name))
         if self.dt_rank is not None:
             check_positive_int("dt_rank", self.dt_rank)
-        if not 0 < self.dt_min <= self.dt_max:
-            raise ValueError(f"need 0 < dt_min <= dt_max, got {self.dt_min}, {self.dt_max}")
-        if self.dt_init_floor < 0:
-            raise ValueError(f"dt_init_floor must be >= 0, got {self.dt_init_floor}")
+        check_dt_init(self.dt_min, self.dt_max, self.dt_init_floor)
         counts = self.polarize if isinstance(self.polarize, tuple | list) else ()
         if len(counts) != 2 or not all(
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts
@@ -165,60 +130,41 @@ class Mamba(nn.Module):
             raise ValueError(f"polarize must be (n_ones, n_zeros), ints >= 0, got {self.polarize}")
         if not self.polar_zero_A <= 0:
             raise ValueError(f"polar_zero_A must be <= 0, got {self.polar_zero_A}")
-        check_choice("sign_constraint", self.sign_constraint, SIGN_CONSTRAINTS)
+        check_choice("sign_constraint", self.sign_constraint, variants.SIGN_CONSTRAINTS)
         if not self.reorder_tau > 0:
             raise ValueError(f"reorder_tau must be > 0, got {self.reorder_tau}")
         if self.sign_constraint == "mixed" and self.n_total < 2:
             raise ValueError("sign_constraint='mixed' needs at least 2 state channels in all")
 
     def setup(self):
-        d_inner, rank, n = self.d_inner, self.effective_dt_rank, self.n_total
-        pd = self.param_dtype
+        d_inner, rank, n, pd = self.d_inner, self.effective_dt_rank, self.n_total, self.param_dtype
+        dense = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=pd)
         self.in_proj = nn.Dense(
-            2 * d_inner,
-            use_bias=self.use_bias,
-            dtype=self.dtype,
-            param_dtype=pd,
-            kernel_init=_uniform(self.d_model**-0.5),
+            2 * d_inner, kernel_init=initializers.uniform(self.d_model**-0.5), **dense
         )
-        conv_init = _uniform(self.d_conv**-0.5)  # depthwise: fan_in = d_conv
-        self.conv_weight = self.param("conv_weight", conv_init, (self.d_conv, d_inner), pd)
+        conv_init = initializers.uniform(self.conv_size**-0.5)  # depthwise: fan_in = conv_size
+        self.conv_weight = self.param("conv_weight", conv_init, (self.conv_size, d_inner), pd)
         self.conv_bias_param = (
             self.param("conv_bias", conv_init, (d_inner,), pd) if self.conv_bias else None
         )
         # x_proj, flax layout [in, out]: columns [dt | B | C], or [dt | P] with a sign constraint.
-        x_init = _uniform(d_inner**-0.5)
+        x_init = initializers.uniform(d_inner**-0.5)
         width = rank + (n if self.sign_constraint else 2 * n)
         self.x_proj = self.param("x_proj", x_init, (d_inner, width), pd)
         if self.sign_constraint:
             self.lambda_theta = self.param("lambda_theta", x_init, (n,), pd)
-        self.dt_proj = self.param("dt_proj", _uniform(rank**-0.5), (rank, d_inner), pd)
-        dt_init = _dt_bias_init(self.dt_min, self.dt_max, self.dt_init_floor)
+        self.dt_proj = self.param("dt_proj", initializers.uniform(rank**-0.5), (rank, d_inner), pd)
+        dt_init = initializers.dt_bias(self.dt_min, self.dt_max, self.dt_init_floor)
         self.dt_bias = self.param("dt_bias", dt_init, (d_inner,), pd)
-        self.A_log = self.param("A_log", _s4d_real_init, (d_inner, self.d_state), pd)
+        self.A_log = self.param("A_log", initializers.s4d_real, (d_inner, self.d_state), pd)
         self.D = self.param("D", nn.initializers.ones, (d_inner,), pd)
         if self.reorder:
             self.importance = self.param("importance", x_init, (d_inner,), pd)
         self.out_proj = nn.Dense(
-            self.d_model,
-            use_bias=self.use_bias,
-            dtype=self.dtype,
-            param_dtype=pd,
-            kernel_init=_uniform(d_inner**-0.5),
+            self.d_model, kernel_init=initializers.uniform(d_inner**-0.5), **dense
         )
 
     # -- parameters seen as maps --------------------------------------------------------------
-
-    def _lambda(self) -> jax.Array:
-        """`lambda: [N]`, the signed scales of `S_B = diag(lambda) S_C`."""
-        magnitude = jax.nn.softplus(self.lambda_theta) + _LAMBDA_FLOOR
-        n = self.n_total
-        sign = {
-            "pos": jnp.ones((n,), magnitude.dtype),
-            "neg": -jnp.ones((n,), magnitude.dtype),
-            "mixed": jnp.where(jnp.arange(n) < n - n // 2, 1, -1).astype(magnitude.dtype),
-        }[self.sign_constraint]
-        return sign * magnitude
 
     def x_proj_maps(self) -> tuple[jax.Array, jax.Array, jax.Array]:
         """`(S_dt: [dt_rank, d_inner], S_B: [N, d_inner], S_C: [N, d_inner])` in param_dtype.
@@ -227,11 +173,10 @@ class Mamba(nn.Module):
         """
         rank, n = self.effective_dt_rank, self.n_total
         w = self.x_proj.T  # [out, d_inner]
-        s_dt = w[:rank]
         if self.sign_constraint is None:
-            return s_dt, w[rank : rank + n], w[rank + n :]
-        s_c = jnp.triu(w[rank:], k=1) + jnp.eye(n, self.d_inner, dtype=w.dtype)
-        return s_dt, self._lambda()[:, None] * s_c, s_c
+            return w[:rank], w[rank : rank + n], w[rank + n :]
+        s_b, s_c = variants.sign_constrained_maps(w[rank:], self.lambda_theta, self.sign_constraint)
+        return w[:rank], s_b, s_c
 
     def interaction_matrix(self) -> jax.Array:
         """`M = S_C^T S_B: [d_inner, d_inner]` in float32 (float64 for float64 parameters).
@@ -243,45 +188,48 @@ class Mamba(nn.Module):
         return s_c.astype(acc).T @ s_b.astype(acc)
 
     def state_matrix(self) -> jax.Array:
-        """`A: [d_inner, N]`: exactly 0, then `-exp(A_log)`, then `polar_zero_A`.
-
-        float32 (float64 when the compute dtype is float64). The fixed channels are constants.
-        """
-        acc = jnp.promote_types(self.dtype, jnp.float32)
-        n_ones, n_zeros = self.polarize
-        learned = -jnp.exp(self.A_log.astype(acc))
-        ones = jnp.zeros((self.d_inner, n_ones), acc)
-        zeros = jnp.full((self.d_inner, n_zeros), self.polar_zero_A, acc)
-        return jnp.concatenate([ones, learned, zeros], axis=1)
+        """`A: [d_inner, N]`: exactly 0, then `-exp(A_log)`, then `polar_zero_A` (polarization),
+        in `acc_dtype`."""
+        learned = -jnp.exp(self.A_log.astype(self.acc_dtype))
+        return variants.polarized_state_matrix(learned, self.polarize, self.polar_zero_A)
 
     # -- forward --------------------------------------------------------------------------------
 
     def _in_proj(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """`x: [..., d_model] -> (x_inner, z)`, both `[..., d_inner]` in the compute dtype."""
-        xz = self.in_proj(x.astype(self.dtype))
-        return jnp.split(xz, 2, axis=-1)
+        return jnp.split(self.in_proj(x.astype(self.dtype)), 2, axis=-1)
 
     def _conv_params(self) -> tuple[jax.Array, jax.Array | None]:
-        """`(weight: [d_conv, d_inner], bias: [d_inner] or None)` in the compute dtype."""
+        """`(weight: [conv_size, d_inner], bias: [d_inner] or None)` in the compute dtype."""
         bias = self.conv_bias_param
         weight = self.conv_weight.astype(self.dtype)
         return weight, None if bias is None else bias.astype(self.dtype)
 
-    def _ssm_inputs(self, u: jax.Array, z: jax.Array) -> dict:
+    def _delta(self, u: jax.Array, s_dt: jax.Array) -> jax.Array:
+        """`delta = W_dt (S_dt u): [B, T, d_inner]` before its bias, in the compute dtype."""
+        dt_low = jnp.einsum("btd,rd->btr", u, s_dt.astype(self.dtype))
+        return jnp.einsum("btr,rd->btd", dt_low, self.dt_proj.astype(self.dtype))
+
+    def _scan_inputs(self, u: jax.Array, z: jax.Array | None) -> dict:
         """Keyword arguments of `selective_scan` from the post-conv tokens `u` and gate `z`."""
         s_dt, s_b, s_c = (s.astype(self.dtype) for s in self.x_proj_maps())
-        dt_low = jnp.einsum("btd,rd->btr", u, s_dt)
         return dict(
             u=u,
-            delta=jnp.einsum("btr,rd->btd", dt_low, self.dt_proj.astype(self.dtype)),
+            delta=self._delta(u, s_dt),
             A=self.state_matrix(),
             B=jnp.einsum("btd,nd->btn", u, s_b),
             C=jnp.einsum("btd,nd->btn", u, s_c),
-            D=self.D.astype(jnp.promote_types(self.dtype, jnp.float32)),
+            D=self.D.astype(self.acc_dtype),
             z=z,
-            delta_bias=self.dt_bias.astype(jnp.promote_types(self.dtype, jnp.float32)),
+            delta_bias=self.dt_bias.astype(self.acc_dtype),
             delta_softplus=True,
         )
+
+    def _tokens(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """`x: [B, T, d_model] -> (u, z)`: post-conv tokens and gate, `[B, T, d_inner]`."""
+        self.check_sequence(x)
+        x_inner, z = self._in_proj(x)
+        return jax.nn.silu(causal_conv1d(x_inner, *self._conv_params())), z
 
     def s6_inputs(self, u: jax.Array) -> dict:
         """`selective_scan` keyword arguments of the bare S6 map on post-conv tokens
@@ -289,21 +237,22 @@ class Mamba(nn.Module):
         token ODE of Vo et al. (`seqlab.dynamics.mamba_ode`)."""
         check_floating("u", u)
         check_shape("u", u, (None, None, self.d_inner), "[B, T, d_inner]")
-        return {**self._ssm_inputs(u.astype(self.dtype), None), "D": None}
-
-    def _tokens(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """`x: [B, T, d_model] -> (u, z)`: post-conv tokens and gate, `[B, T, d_inner]`."""
-        check_floating("x", x)
-        check_shape("x", x, (None, None, self.d_model), "[B, T, d_model]")
-        x_inner, z = self._in_proj(x)
-        return jax.nn.silu(causal_conv1d(x_inner, *self._conv_params())), z
+        return {**self._scan_inputs(u.astype(self.dtype), None), "D": None}
 
     def importance_scores(self, u: jax.Array) -> jax.Array:
         """`s_l = w^T (S_delta u_l + b_dt): [B, T]` for post-conv tokens `u: [B, T, d_inner]`
         (reorder only), with `S_delta u = W_dt S_dt u`, the scan's `delta` before its bias."""
-        s_dt = self.x_proj_maps()[0].astype(self.dtype)
-        delta = jnp.einsum("btd,rd->btr", u, s_dt) @ self.dt_proj.astype(self.dtype)
-        return (delta + self.dt_bias.astype(self.dtype)) @ self.importance.astype(self.dtype)
+        delta = self._delta(u, self.x_proj_maps()[0])
+        bias, w = (p.astype(self.dtype) for p in (self.dt_bias, self.importance))
+        return variants.importance_scores(delta, bias, w)
+
+    def _inputs_and_order(self, x: jax.Array) -> tuple[dict, jax.Array | None]:
+        """`(scan inputs, P or None)`: with reorder, the inputs are those of `P u` and `P z`."""
+        u, z = self._tokens(x)
+        if not self.reorder:
+            return self._scan_inputs(u, z), None
+        perm = soft_sort(self.importance_scores(u), self.reorder_tau, hard=self.reorder_hard)
+        return self._scan_inputs(*variants.reorder(perm, u, z)), perm
 
     def sort_matrix(self, x: jax.Array) -> jax.Array:
         """The reordering matrix `P: [B, T, T]` of `x: [B, T, d_model]` (reorder only): row `i`
@@ -312,23 +261,14 @@ class Mamba(nn.Module):
             raise ValueError("sort_matrix needs reorder=True")
         return self._inputs_and_order(x)[1]
 
-    def _inputs_and_order(self, x: jax.Array) -> tuple[dict, jax.Array | None]:
-        """`(scan inputs, P or None)`: with reorder, the inputs are those of `P u` and `P z`."""
-        u, z = self._tokens(x)
-        if not self.reorder:
-            return self._ssm_inputs(u, z), None
-        perm = soft_sort(self.importance_scores(u), self.reorder_tau, hard=self.reorder_hard)
-        u, z = (jnp.einsum("bij,bjd->bid", perm, v) for v in (u, z))
-        return self._ssm_inputs(u, z), perm
-
-    def scan_inputs(self, x: jax.Array) -> dict:
+    def op_inputs(self, x: jax.Array) -> dict:
         """The `selective_scan` keyword arguments for `x: [B, T, d_model]`.
 
-        `selective_scan(**scan_inputs(x))` is the mixer's output before out_proj,
+        `selective_scan(**op_inputs(x))` is the mixer's output before out_proj,
         `[B, T, d_inner]` (with `reorder`, in the sorted order: `__call__` multiplies it by `P^T`).
         `u, delta, z: [B, T, d_inner]` and `B, C: [B, T, N]` are in the compute dtype;
-        `A: [d_inner, N]` and `D, delta_bias: [d_inner]` in float32 (float64 for a float64 compute
-        dtype). Add `initial_state` and `return_final_state=True` to read the SSM state.
+        `A: [d_inner, N]` and `D, delta_bias: [d_inner]` in `acc_dtype`. Add `initial_state` and
+        `return_final_state=True` to read the SSM state.
         """
         return self._inputs_and_order(x)[0]
 
@@ -336,11 +276,32 @@ class Mamba(nn.Module):
         """`x: [B, T, d_model] -> [B, T, d_model]` in the compute dtype."""
         inputs, perm = self._inputs_and_order(x)
         y = selective_scan(**inputs, impl=self.impl)
-        if perm is not None:  # back to the input order: y <- P^T y (the inverse of a permutation)
-            y = jnp.einsum("bij,bid->bjd", perm, y)
+        if perm is not None:
+            y = variants.restore_order(perm, y)
         return self.out_proj(y)
 
     # -- decoding -------------------------------------------------------------------------------
+
+    def zero_cache(self, batch_size: int, max_len: int) -> dict:
+        """`{"conv": [batch_size, conv_size - 1, d_inner] (compute dtype), "state":
+        [batch_size, d_inner, N] (acc_dtype)}`."""
+        self._check_decodable()
+        return {
+            "conv": jnp.zeros((batch_size, self.conv_size - 1, self.d_inner), self.dtype),
+            "state": jnp.zeros((batch_size, self.d_inner, self.n_total), self.acc_dtype),
+        }
+
+    def step(self, x_t: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+        """One decoding step: `x_t: [B, d_model] -> (y_t: [B, d_model], new cache)`."""
+        self._check_decodable()
+        self.check_token(x_t)
+        x_inner, z = self._in_proj(x_t)
+        conv_out, conv_state = causal_conv1d_step(x_inner, cache["conv"], *self._conv_params())
+        inputs = self._scan_inputs(jax.nn.silu(conv_out)[:, None], z[:, None])
+        y, state = selective_scan(
+            **inputs, initial_state=cache["state"], return_final_state=True, impl=self.impl
+        )
+        return self.out_proj(y[:, 0]), {"conv": conv_state, "state": state}
 
     def _check_decodable(self) -> None:
         if self.reorder:
@@ -348,53 +309,3 @@ class Mamba(nn.Module):
                 "Mamba(reorder=True) cannot decode step by step: the token order depends on the "
                 "importance scores of the whole sequence, including tokens not yet seen"
             )
-
-    def init_cache(self, batch_size: int, max_len: int) -> dict:
-        """Zero decoding cache.
-
-        `{"conv": [batch_size, d_conv - 1, d_inner] (compute dtype), "ssm": [batch_size, d_inner, N]
-        (float32, float64 for a float64 compute dtype)}`. `max_len` is unused (Mamba's state has a
-        fixed size); it is part of the interface every mixer shares.
-        """
-        self._check_decodable()
-        check_positive_int("batch_size", batch_size)
-        del max_len
-        acc = jnp.promote_types(self.dtype, jnp.float32)
-        return {
-            "conv": jnp.zeros((batch_size, self.d_conv - 1, self.d_inner), self.dtype),
-            "ssm": jnp.zeros((batch_size, self.d_inner, self.n_total), acc),
-        }
-
-    def step(self, x_t: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
-        """One decoding step: `x_t: [B, d_model] -> (y_t: [B, d_model], new cache)`.
-
-        Token by token it computes what `__call__` computes on the whole sequence.
-        """
-        self._check_decodable()
-        check_floating("x_t", x_t)
-        check_shape("x_t", x_t, (None, self.d_model), "[B, d_model]")
-        x_inner, z = self._in_proj(x_t)
-        conv_out, conv_state = causal_conv1d_step(x_inner, cache["conv"], *self._conv_params())
-        u = jax.nn.silu(conv_out)
-        inputs = self._ssm_inputs(u[:, None], z[:, None])
-        y, ssm_state = selective_scan(
-            **inputs, initial_state=cache["ssm"], return_final_state=True, impl=self.impl
-        )
-        return self.out_proj(y[:, 0]), {"conv": conv_state, "ssm": ssm_state}
-
-
-def soft_sort(scores: jax.Array, tau: float, *, hard: bool = False) -> jax.Array:
-    """SoftSort (Prillo and Eisenschlos, 2020) in ascending order: `scores: [B, T] -> P: [B, T, T]`.
-
-    `P[b, i, j] = softmax_j(-|sorted_i - s_j| / tau)` with `sorted = sort(s)` ascending, so `P s`
-    approaches `sorted` as `tau -> 0`. With `hard`, the forward value is the exact permutation
-    matrix `one_hot(argsort(s))` (a stable sort: ties keep their order) and the gradient is that of
-    the soft matrix (straight-through). Computed in float32 or wider.
-    """
-    s = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))
-    ordered = jnp.sort(s, axis=-1)
-    soft = jax.nn.softmax(-jnp.abs(ordered[:, :, None] - s[:, None, :]) / tau, axis=-1)
-    if hard:
-        exact = jax.nn.one_hot(jnp.argsort(s, axis=-1, stable=True), s.shape[-1], dtype=s.dtype)
-        soft = soft + jax.lax.stop_gradient(exact - soft)
-    return soft.astype(scores.dtype)

@@ -25,55 +25,21 @@ bias). The projections use Flax's default (LeCun normal) initializer rather than
 the state `[B, H, N, P]` in float32 (float64 for float64 compute).
 """
 
-import math
 from functools import partial
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_floating, check_positive_int, check_shape
+from seqlab.modules import initializers
+from seqlab.modules.mixer import Mixer, check_dt_init
+from seqlab.ops.checks import check_positive_int
 from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
 from seqlab.ops.norm import gated_rms_norm, rms_norm
 from seqlab.ops.ssd import ssd, ssd_step
 
 
-def a_log_init(low: float, high: float):
-    """Initializer of `A_log = log(A)` with `A ~ U(low, high]` (sampled as `high - (high-low) u`,
-    `u ~ U[0, 1)`, so `low = 0` never gives `log(0)`)."""
-
-    def init(key, shape, dtype=jnp.float32):
-        u = jax.random.uniform(key, shape, dtype)
-        return jnp.log(high - (high - low) * u)
-
-    return init
-
-
-def dt_bias_init(dt_min: float, dt_max: float, floor: float):
-    """Initializer of `dt_bias = softplus^{-1}(dt)`, `dt` log-uniform in `[dt_min, dt_max]` and at
-    least `floor` (Mamba-2; also Gated DeltaNet's gate)."""
-
-    def init(key, shape, dtype=jnp.float32):
-        u = jax.random.uniform(key, shape, dtype)
-        dt = jnp.exp(math.log(dt_min) + u * (math.log(dt_max) - math.log(dt_min)))
-        dt = jnp.maximum(dt, floor)
-        # softplus^{-1}(dt) = log(exp(dt) - 1) = dt + log(1 - exp(-dt)), stable for small dt.
-        return dt + jnp.log(-jnp.expm1(-dt))
-
-    return init
-
-
-def conv_kernel_init(width: int):
-    """PyTorch's default for a depthwise `Conv1d` (fan-in `width`): `U(-1/sqrt(W), 1/sqrt(W))`."""
-    bound = width**-0.5
-
-    def init(key, shape, dtype=jnp.float32):
-        return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-    return init
-
-
-class Mamba2(nn.Module):
+class Mamba2(Mixer):
     """Mamba-2 mixer: `[B, T, d_model] -> [B, T, d_model]` (see the module docstring).
 
     Attributes:
@@ -123,7 +89,7 @@ class Mamba2(nn.Module):
         """Channels of the convolution: `x`, `B` and `C`."""
         return self.d_inner + 2 * self.n_groups * self.d_state
 
-    def _check_fields(self) -> None:
+    def check_fields(self) -> None:
         for name in ("d_model", "d_state", "head_dim", "expand", "n_groups", "conv_size"):
             check_positive_int(name, getattr(self, name))
         check_positive_int("chunk_size", self.chunk_size)
@@ -137,13 +103,7 @@ class Mamba2(nn.Module):
                 f"n_groups must divide the number of heads {self.num_heads}, "
                 f"got n_groups={self.n_groups}"
             )
-        if not 0 < self.dt_min <= self.dt_max:
-            raise ValueError(
-                "dt_min, dt_max must satisfy 0 < dt_min <= dt_max, "
-                f"got dt_min={self.dt_min}, dt_max={self.dt_max}"
-            )
-        if self.dt_init_floor < 0:
-            raise ValueError(f"dt_init_floor must be >= 0, got {self.dt_init_floor}")
+        check_dt_init(self.dt_min, self.dt_max, self.dt_init_floor)
         low, high = self.A_init_range
         if not 0 <= low < high:
             raise ValueError(
@@ -151,52 +111,53 @@ class Mamba2(nn.Module):
             )
 
     def setup(self):
-        self._check_fields()
         heads, pd = self.num_heads, self.param_dtype
         dense = partial(nn.Dense, use_bias=False, dtype=self.dtype, param_dtype=pd)
         self.in_proj = dense(2 * self.d_inner + 2 * self.n_groups * self.d_state + heads)
-        kernel_init = conv_kernel_init(self.conv_size)
+        kernel_init = initializers.uniform(self.conv_size**-0.5)  # PyTorch's depthwise Conv1d
         self.conv_weight = self.param(
             "conv_weight", kernel_init, (self.conv_size, self.conv_dim), pd
         )
         self.conv_bias = self.param("conv_bias", kernel_init, (self.conv_dim,), pd)
-        dt_init = dt_bias_init(self.dt_min, self.dt_max, self.dt_init_floor)
+        dt_init = initializers.dt_bias(self.dt_min, self.dt_max, self.dt_init_floor)
         self.dt_bias = self.param("dt_bias", dt_init, (heads,), pd)
-        self.A_log = self.param("A_log", a_log_init(*self.A_init_range), (heads,), pd)
+        self.A_log = self.param("A_log", initializers.a_log(*self.A_init_range), (heads,), pd)
         self.D = self.param("D", nn.initializers.ones, (heads,), pd)
         self.norm_weight = self.param("norm_weight", nn.initializers.ones, (self.d_inner,), pd)
         self.out_proj = dense(self.d_model)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x: [B, T, d_model]` -> `[B, T, d_model]` in `dtype`."""
-        check_floating("x", x)
-        check_shape("x", x, (None, None, self.d_model), "[B, T, d_model]")
+        inputs, x_heads, z = self._features(x)
+        o, _ = ssd(**inputs, chunk_size=self.chunk_size, impl=self.impl)
+        return self._output(o, x_heads, z)
+
+    def op_inputs(self, x: jax.Array) -> dict:
+        """The operands of `seqlab.ops.ssd` for `x: [B, T, d_model]`, as `__call__` passes them:
+        `{"q": C, "k": B: [B, T, G, N], "v": dt x: [B, T, H, P]` in dtype, `"g": dt A: [B, T, H]`
+        in `acc_dtype`}."""
+        return self._features(x)[0]
+
+    def _features(self, x: jax.Array) -> tuple[dict, jax.Array, jax.Array]:
+        """`(ssd operands, x: [B, T, H, P], z: [B, T, d_inner])` of `x: [B, T, d_model]`."""
+        self.check_sequence(x)
         z, xbc, dt = self._split(self.in_proj(x))
         xbc = jax.nn.silu(causal_conv1d(xbc, self.conv_weight, self.conv_bias))
         x_heads, q, k, v, g = self._ssm_inputs(xbc, dt)
-        o, _ = ssd(q, k, v, g, chunk_size=self.chunk_size, impl=self.impl)
-        return self._output(o, x_heads, z)
+        return dict(q=q, k=k, v=v, g=g), x_heads, z
 
-    def init_cache(self, batch_size: int, max_len: int) -> dict:
-        """Zero decoding cache for `batch_size` sequences; `max_len` is unused (the cache of a
-        recurrent mixer does not grow).
-
-        Returns `{"conv": [B, W - 1, d_inner + 2 G N] in dtype, "state": [B, H, N, P]}`, the state
-        in float32 (float64 for float64 compute).
-        """
-        self._check_fields()
-        check_positive_int("batch_size", batch_size)
-        check_positive_int("max_len", max_len)
-        acc = jnp.promote_types(self.dtype, jnp.float32)
+    def zero_cache(self, batch_size: int, max_len: int) -> dict:
+        """`{"conv": [B, W - 1, d_inner + 2 G N] in dtype, "state": [B, H, N, P] in acc_dtype}`."""
         return {
             "conv": jnp.zeros((batch_size, self.conv_size - 1, self.conv_dim), self.dtype),
-            "state": jnp.zeros((batch_size, self.num_heads, self.d_state, self.head_dim), acc),
+            "state": jnp.zeros(
+                (batch_size, self.num_heads, self.d_state, self.head_dim), self.acc_dtype
+            ),
         }
 
     def step(self, x_t: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
         """One decoding step: `x_t: [B, d_model]` -> `(y_t: [B, d_model], new_cache)`."""
-        check_floating("x_t", x_t)
-        check_shape("x_t", x_t, (None, self.d_model), "[B, d_model]")
+        self.check_token(x_t)
         z, xbc, dt = self._split(self.in_proj(x_t))
         xbc, conv = causal_conv1d_step(xbc, cache["conv"], self.conv_weight, self.conv_bias)
         x_heads, q, k, v, g = self._ssm_inputs(jax.nn.silu(xbc), dt)
@@ -220,7 +181,7 @@ class Mamba2(nn.Module):
         x = x.reshape(*lead, self.num_heads, self.head_dim)
         b = b.reshape(*lead, self.n_groups, self.d_state)
         c = c.reshape(*lead, self.n_groups, self.d_state)
-        acc = jnp.promote_types(self.dtype, jnp.float32)
+        acc = self.acc_dtype
         dt = jax.nn.softplus(dt.astype(acc) + self.dt_bias.astype(acc))
         g = -jnp.exp(self.A_log.astype(acc)) * dt
         v = (x.astype(acc) * dt[..., None]).astype(self.dtype)
@@ -228,7 +189,7 @@ class Mamba2(nn.Module):
 
     def _output(self, o: jax.Array, x: jax.Array, z: jax.Array) -> jax.Array:
         """`out_proj(norm(o + D x, z))` for `o, x: [..., H, P]`, `z: [..., d_inner]`."""
-        acc = jnp.promote_types(self.dtype, jnp.float32)
+        acc = self.acc_dtype
         y = o.astype(acc) + self.D.astype(acc)[:, None] * x.astype(acc)
         y = y.reshape(*y.shape[:-2], self.d_inner)
         return self.out_proj(self._gated_norm(y, z.astype(acc)).astype(self.dtype))

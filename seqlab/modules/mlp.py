@@ -4,7 +4,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_positive_int
+from seqlab.ops.checks import check_positive_int
 
 
 class SwiGLU(nn.Module):

@@ -35,24 +35,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_floating, check_positive_int, check_shape
+from seqlab.modules import initializers
+from seqlab.modules.embedding import TiedEmbedding
 from seqlab.ops.attention import attention, rope
+from seqlab.ops.checks import accumulation_dtype, check_floating, check_positive_int, check_shape
 
 _LN_EPS = 1e-5
 _TIME_SCALE = 0.1  # init scale of the time-dependent part A relative to the constant part B
 _TIME_STRETCH = 1000.0  # e(t) reads sin(1000 t w_i): depths in [0, 1] span many periods
 _MAX_PERIOD = 10000.0
 BLOCK_WEIGHTS = ("wq", "wk", "wv", "wo", "w1", "w2", "ln_attn", "ln_mlp")
-
-
-def _normal(std: float) -> nn.initializers.Initializer:
-    """`N(0, std^2)` drawn flat and reshaped: the same distribution, but XLA on CPU compiles a
-    random draw of rank >= 3 about ten times slower than a flat one (measured: 2 s vs 0.2 s)."""
-
-    def init(key, shape, dtype=jnp.float32):
-        return nn.initializers.normal(std)(key, (math.prod(shape),), dtype).reshape(shape)
-
-    return init
 
 
 def time_embedding(t: jax.Array, num_features: int) -> jax.Array:
@@ -101,9 +93,9 @@ class TimeLinear(nn.Module):
         shape = (*self.in_shape, *self.out_shape)
         fan_in, fan_out = math.prod(self.in_shape), math.prod(self.out_shape)
         std = fan_in**-0.5
-        init_a = _normal(_TIME_SCALE * std / math.sqrt(self.hidden))
+        init_a = initializers.normal(_TIME_SCALE * std / math.sqrt(self.hidden))
         a = self.param("A", init_a, (self.hidden, *shape), self.param_dtype)
-        b = self.param("B", _normal(std), shape, self.param_dtype)
+        b = self.param("B", initializers.normal(std), shape, self.param_dtype)
         h = _TimeNet(self.hidden, self.param_dtype, name="time")(e)  # [..., hidden]
         w = jnp.tensordot(h, a, axes=1) + b  # sum_j h_j A_j + B: [..., *shape]
         if self.lora_rank:
@@ -145,7 +137,7 @@ def block_update(weights: dict, x: jax.Array, dtype: jnp.dtype) -> jax.Array:
     Returns:
       `[B, T, D]` in `dtype`; token `t` depends on tokens `<= t` only (causal attention).
     """
-    acc = jnp.promote_types(dtype, jnp.float32)
+    acc = accumulation_dtype(dtype)
     w = {name: value.astype(dtype) for name, value in weights.items()}
     positions = jnp.arange(x.shape[1], dtype=jnp.int32)
     normed = jax.nn.standardize(x.astype(acc), axis=-1, epsilon=_LN_EPS)  # (x - mean) / std
@@ -175,31 +167,18 @@ def _check_sizes(module) -> None:
         )
 
 
-def _check_tokens(tokens) -> None:
-    if not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
-        raise ValueError(f"tokens must be an integer array, got dtype {jnp.result_type(tokens)}")
-    check_shape("tokens", tokens, (None, None), "[B, T]")
-
-
 class _TiedLM(nn.Module):
-    """Shared by both models: token embedding `E` and the readout `LayerNorm(x) E^T`."""
+    """Shared by both models: the tied embedding and LayerNorm readout (`TiedEmbedding`)."""
 
-    def _setup_io(self):
-        self.embedding = nn.Embed(
-            self.vocab_size,
-            self.d_model,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            embedding_init=nn.initializers.normal(0.02),
-        )
-        self.final_norm = nn.LayerNorm(
-            epsilon=_LN_EPS, use_bias=False, dtype=self.acc_dtype, param_dtype=self.param_dtype
+    def _setup_embedding(self):
+        self.embedding = TiedEmbedding(
+            self.vocab_size, self.d_model, "layer", _LN_EPS, self.dtype, self.param_dtype
         )
 
     @property
     def acc_dtype(self) -> jnp.dtype:
         """The residual stream and the logits: float32, or float64 for a float64 model."""
-        return jnp.promote_types(self.dtype, jnp.float32)
+        return accumulation_dtype(self.dtype)
 
     @property
     def head_dim(self) -> int:
@@ -207,15 +186,14 @@ class _TiedLM(nn.Module):
 
     def embed(self, tokens: jax.Array) -> jax.Array:
         """`tokens: [B, T]` int -> `x_0 = E[tokens]: [B, T, D]` in `dtype`."""
-        _check_tokens(tokens)
-        return self.embedding(tokens)
+        check_shape("tokens", tokens, (None, None), "[B, T]")
+        return self.embedding.embed(tokens)
 
     def readout(self, x: jax.Array) -> jax.Array:
         """`x: [B, T, D]` -> logits `LayerNorm(x) E^T: [B, T, V]` in float32 (float64 for a
         float64 model)."""
         check_shape("x", x, (None, None, self.d_model), "[B, T, d_model]")
-        acc = self.acc_dtype
-        return self.final_norm(x.astype(acc)) @ self.embedding.embedding.astype(acc).T
+        return self.embedding.readout(x)
 
 
 class ODETransformer(_TiedLM):
@@ -257,7 +235,7 @@ class ODETransformer(_TiedLM):
         super().__post_init__()
 
     def setup(self):
-        self._setup_io()
+        self._setup_embedding()
         d, h, k, f = self.d_model, self.num_heads, self.head_dim, self.d_ff
 
         def linear(in_shape, out_shape, name):
@@ -336,7 +314,7 @@ class DiscreteBlock(nn.Module):
         weights = {
             name: self.param(
                 name,
-                _normal((d if name != "w2" else f) ** -0.5),
+                initializers.normal((d if name != "w2" else f) ** -0.5),
                 shape,
                 self.param_dtype,
             )
@@ -368,7 +346,7 @@ class DiscreteTransformer(_TiedLM):
         super().__post_init__()
 
     def setup(self):
-        self._setup_io()
+        self._setup_embedding()
         self.blocks = [
             DiscreteBlock(self.d_model, self.num_heads, self.d_ff, self.dtype, self.param_dtype)
             for _ in range(self.num_layers)
@@ -420,5 +398,4 @@ def evaluate_at(
     layers = {
         f"blocks_{k}": {name: value[k] for name, value in stacked.items()} for k in range(num_steps)
     }
-    io = {"embedding": params["embedding"], "final_norm": params["final_norm"]}
-    return discrete, {"params": {**io, **layers}}
+    return discrete, {"params": {"embedding": params["embedding"], **layers}}

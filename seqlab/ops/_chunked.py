@@ -5,9 +5,11 @@ Both ops run, per value head, a state `S: [K, V]` through
     S_t = exp(g_t) S_{t-1} + k_t u_t^T,        o_t = S_t^T q_t,
 
 with `u_t = v_t` for SSD and `u_t = beta_t (v_t - (exp(g_t) S_{t-1})^T k_t)` for the gated delta
-rule. This module holds what the two share: argument validation, grouped heads, packed-segment
-indices, the token-by-token scan of the references, and the pieces of the chunked form (padding,
-masked chunk-local decays, the state-passing scan over chunks and the output assembly).
+rule. This module holds what the two share: argument validation, the dispatch scaffolding (inputs
+in the accumulation dtype, grouped heads, packed-segment indices, the output dtype), the
+token-by-token scan of the references and of the decoding steps, and the pieces of the chunked
+form (padding, masked chunk-local decays, the state-passing scan over chunks and the output
+assembly). An op supplies its token step `(S_{t-1}, x_t) -> (S_t, o_t)` and its chunked form.
 
 Shapes: `q, k: [B, T, H, K]`, `v: [B, T, HV, V]`, `g: [B, T, HV]`, chunked tensors
 `[B, N, C, ...]` with `N = ceil(T / C)` chunks of `C` tokens.
@@ -19,7 +21,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_choice, check_floating, check_positive_int, check_shape
+from seqlab.ops.checks import (
+    accumulation_dtype,
+    check_choice,
+    check_floating,
+    check_positive_int,
+    check_shape,
+)
 
 IMPLS = (None, "recurrent", "chunked", "pallas_tpu", "pallas_gpu", "pallas")
 PALLAS_IMPLS = ("pallas_tpu", "pallas_gpu", "pallas")
@@ -27,11 +35,6 @@ PALLAS_IMPLS = ("pallas_tpu", "pallas_gpu", "pallas")
 # The XLA paths are the oracles (and the fallback on accelerators until the kernels land): keep
 # float32 matmuls in full float32 on TPU too.
 einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
-
-
-def accumulation_dtype(*xs) -> jnp.dtype:
-    """float32, or float64 when an input is float64: the dtype of states, gates and solves."""
-    return jnp.promote_types(jnp.result_type(*xs), jnp.float32)
 
 
 def validate(q, k, v, g, *, beta=None, initial_state=None, segment_ids=None, chunk_size=None):
@@ -130,6 +133,70 @@ def _has_kernel_hardware(platform: str) -> bool:
     if platform == "gpu":
         return getattr(jax.devices()[0], "compute_capability", None) == "9.0"
     return platform == "tpu"
+
+
+def run(form, xs, initial_state, segment_ids, output_final_state, *, scale=None):
+    """Run one form of an op on its inputs in the accumulation dtype.
+
+    Args:
+      form: `form(q, k, v, *gates, state, seg) -> (o, final)`, the recurrent reference
+        (`functools.partial(recurrent, token_step)`) or a chunked form; it gets q/k repeated to
+        `HV` heads, q multiplied by `scale` (when given), every array in the accumulation dtype,
+        `state: [B, HV, K, V]` and `seg = segment_index(segment_ids)`.
+      xs: `(q, k, v, *gates)`: q, k `[B, T, H, K]`, v `[B, T, HV, V]` and the op's other
+        per-token arrays `[B, T, HV, ...]` (e.g. `g, beta`).
+      initial_state: `[B, HV, K, V]` or None (zeros); segment_ids: `[B, T]` or None.
+      output_final_state: return the final state, else None in its place.
+
+    Returns:
+      `(o: [B, T, HV, V] in v.dtype, final: [B, HV, K, V] or None)`.
+    """
+    q, k, v, *gates = xs
+    acc = accumulation_dtype(*xs)
+    b, t, h, dk = q.shape
+    hv, dv = v.shape[2:]
+    q, k = (expand_heads(x, hv // h).astype(acc) for x in (q, k))
+    q = q if scale is None else q * scale
+    state = jnp.zeros((b, hv, dk, dv), acc) if initial_state is None else initial_state.astype(acc)
+    rest = (x.astype(acc) for x in (v, *gates))
+    o, final = form(q, k, *rest, state, segment_index(segment_ids, b, t))
+    return o.astype(v.dtype), final if output_final_state else None
+
+
+def decode_step(token_step, q_t, k_t, v_t, gates_t, state, *, scale=None):
+    """One decoding step: `token_step(state, (q_t, k_t, v_t, *gates_t)) -> (state, o_t)` on the
+    inputs in the accumulation dtype, q_t/k_t repeated to `HV` heads and q_t multiplied by
+    `scale` (when given).
+
+    `q_t, k_t: [B, H, K]`; `v_t: [B, HV, V]`; `gates_t`: `[B, HV, ...]` each; `state:
+    [B, HV, K, V]`. Returns `(o_t: [B, HV, V] in v_t.dtype, state)`, the state in float32
+    (float64 for float64 inputs).
+    """
+    acc = accumulation_dtype(q_t, k_t, v_t, *gates_t, state)
+    groups = v_t.shape[1] // q_t.shape[1]
+    q_t, k_t = (expand_heads(x, groups, axis=1).astype(acc) for x in (q_t, k_t))
+    q_t = q_t if scale is None else q_t * scale
+    xs = (q_t, k_t, *(x.astype(acc) for x in (v_t, *gates_t)))
+    state, o_t = token_step(state.astype(acc), xs)
+    return o_t.astype(v_t.dtype), state
+
+
+def recurrent(token_step, *args):
+    """The token-by-token reference: `lax.scan` of `token_step(state, x_t) -> (state, o_t)`.
+
+    `args = (*xs, state, seg)` as `run` passes them: per-token arrays `[B, T, ...]`, the state
+    `[B, HV, K, V]` entering t = 0 and the segment index `[B, T]`; the state restarts from zero
+    at every change of segment. Returns `(o: [B, T, HV, V], final: [B, HV, K, V])`.
+    """
+    *xs, state, seg = args
+
+    def step(s, xs_t):
+        reset_t, *rest = xs_t
+        s = jnp.where(reset_t[:, None, None, None], 0.0, s)
+        return token_step(s, tuple(rest))
+
+    final, o = scan_tokens(step, state, (resets(seg), *xs))
+    return o, final
 
 
 def expand_heads(x: jax.Array, groups: int, axis: int = 2) -> jax.Array:

@@ -8,7 +8,7 @@ ring-buffer cache only has to carry the position of each slot.
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_floating, check_positive_int, check_shape
+from seqlab.ops.checks import check_floating, check_positive_int, check_shape
 
 
 def _check_positions(name: str, positions, batch: int, length: int, layout: str) -> jax.Array:

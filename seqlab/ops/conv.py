@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_floating, check_shape
+from seqlab.ops.checks import check_floating, check_shape
 
 
 def causal_conv1d(

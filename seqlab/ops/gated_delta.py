@@ -70,7 +70,7 @@ def gated_delta_rule(
       `(o, final_state)`: `o: [B, T, HV, V]` in `v.dtype`; `final_state: [B, HV, K, V]` in float32
       (float64 for float64 inputs) when `output_final_state`, else None.
     """
-    b, t, h, dk, hv, dv = _chunked.validate(
+    dk = _chunked.validate(
         q,
         k,
         v,
@@ -79,7 +79,7 @@ def gated_delta_rule(
         initial_state=initial_state,
         segment_ids=segment_ids,
         chunk_size=chunk_size,
-    )
+    )[3]
     # "pallas" on CPU is the TPU kernel, which CPU can only interpret.
     interpret = interpret or (impl == "pallas" and _chunked.target_platform() == "cpu")
     impl = _chunked.check_impl(impl, kernels=True)
@@ -93,30 +93,28 @@ def gated_delta_rule(
             interpret=interpret,
         )  # fmt: skip
         return o, final if output_final_state else None
-    acc = _chunked.accumulation_dtype(q, k, v, g, beta)
-    out_dtype = v.dtype
-    groups = hv // h
-    q, k = (_chunked.expand_heads(x, groups).astype(acc) for x in (q, k))
-    v, g, beta = (x.astype(acc) for x in (v, g, beta))
-    state = jnp.zeros((b, hv, dk, dv), acc) if initial_state is None else initial_state.astype(acc)
-    seg = _chunked.segment_index(segment_ids, b, t)
     if impl == "recurrent":
-        o, final = _recurrent(q * scale, k, v, g, beta, state, seg)
+        form = functools.partial(_chunked.recurrent, _token_step)
     elif impl == "chunked":
-        o, final = _chunked_form(q * scale, k, v, g, beta, state, seg, chunk_size)
+        form = functools.partial(_chunked_form, chunk_size=chunk_size)
     else:  # pallas_gpu: the chunked form with the kernel's state pass, per shard under a mesh
-        scan = functools.partial(
-            kernel_api.scan_chunk_states, block_sizes=block_sizes, interpret=interpret
+        form = functools.partial(
+            _pallas_gpu, chunk_size=chunk_size, block_sizes=block_sizes, interpret=interpret
         )
-        run = functools.partial(_chunked_form, chunk_size=chunk_size, scan=scan)
-        bthd, bt = (kernel_api.BATCH, None, kernel_api.HEADS), (kernel_api.BATCH,)
-        o, final = kernel_api.per_shard(
-            run,
-            (q * scale, k, v, g, beta, state, seg),
-            (bthd, bthd, bthd, bthd, bthd, (kernel_api.BATCH, kernel_api.HEADS), bt),
-            (bthd, (kernel_api.BATCH, kernel_api.HEADS)),
-        )
-    return o.astype(out_dtype), final if output_final_state else None
+    xs = (q, k, v, g, beta)
+    return _chunked.run(form, xs, initial_state, segment_ids, output_final_state, scale=scale)
+
+
+def _pallas_gpu(*args, chunk_size, block_sizes, interpret):
+    """The chunked form with the GPU kernel's state pass, run per shard under a mesh; `args` as
+    `_chunked_form` takes them."""
+    scan = functools.partial(
+        kernel_api.scan_chunk_states, block_sizes=block_sizes, interpret=interpret
+    )
+    run = functools.partial(_chunked_form, chunk_size=chunk_size, scan=scan)
+    bthd, bh = (kernel_api.BATCH, None, kernel_api.HEADS), (kernel_api.BATCH, kernel_api.HEADS)
+    specs = (bthd, bthd, bthd, bthd, bthd, bh, (kernel_api.BATCH,))
+    return kernel_api.per_shard(run, args, specs, (bthd, bh))
 
 
 def _pallas_tpu(q, k, v, g, beta, initial_state, segment_ids, *, scale, block_sizes, interpret):
@@ -162,15 +160,9 @@ def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale: float | N
       `(o_t: [B, HV, V] in v_t.dtype, new_state: [B, HV, K, V])`, the state in float32 (float64
       for float64 inputs).
     """
-    _, h, dk, hv, _ = _chunked.validate_step(q_t, k_t, v_t, g_t, state, beta_t=beta_t)
-    acc = _chunked.accumulation_dtype(q_t, k_t, v_t, g_t, beta_t, state)
+    dk = _chunked.validate_step(q_t, k_t, v_t, g_t, state, beta_t=beta_t)[2]
     scale = dk**-0.5 if scale is None else scale
-    groups = hv // h
-    q_t, k_t = (_chunked.expand_heads(x, groups, axis=1).astype(acc) for x in (q_t, k_t))
-    state, o_t = _token_step(
-        state.astype(acc), (q_t * scale, k_t, *(x.astype(acc) for x in (v_t, g_t, beta_t)))
-    )
-    return o_t.astype(v_t.dtype), state
+    return _chunked.decode_step(_token_step, q_t, k_t, v_t, (g_t, beta_t), state, scale=scale)
 
 
 def _token_step(state, xs):
@@ -180,18 +172,6 @@ def _token_step(state, xs):
     u_t = beta_t[..., None] * (v_t - _chunked.einsum("bhkv,bhk->bhv", state, k_t))
     state = state + k_t[..., :, None] * u_t[..., None, :]
     return state, _chunked.einsum("bhkv,bhk->bhv", state, q_t)
-
-
-def _recurrent(q, k, v, g, beta, state, seg):
-    """Token-by-token reference; inputs in the accumulation dtype, q pre-scaled."""
-
-    def step(s, xs):
-        reset_t, *rest = xs
-        s = jnp.where(reset_t[:, None, None, None], 0.0, s)
-        return _token_step(s, tuple(rest))
-
-    final, o = _chunked.scan_tokens(step, state, (_chunked.resets(seg), q, k, v, g, beta))
-    return o, final
 
 
 def _chunked_form(q, k, v, g, beta, state, seg, chunk_size, scan=_chunked.scan_chunk_states):

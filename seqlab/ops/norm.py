@@ -4,7 +4,7 @@ normalization of Gated DeltaNet's queries and keys."""
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_floating, check_shape
+from seqlab.ops.checks import check_floating, check_shape
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, *, eps: float = 1e-6) -> jax.Array:

@@ -26,7 +26,7 @@ measured yet; the choice is the same there until they are.
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_choice, check_floating, check_shape
+from seqlab.ops.checks import accumulation_dtype, check_choice, check_floating, check_shape
 
 IMPLS = ("sequential", "parallel")
 # Tokens per chunk of the parallel path. On CPU (L=4096, D=256, N=16, batch 2) the forward time
@@ -74,7 +74,7 @@ def selective_scan(
     check_choice("impl", impl, IMPLS)
     _check_inputs(u, delta, A, B, C, D, z, delta_bias, initial_state)
     batch, _, dim = u.shape
-    acc = _accumulation_dtype(u, delta, A, B, C, D, z, delta_bias, initial_state)
+    acc = accumulation_dtype(u, delta, A, B, C, D, z, delta_bias, initial_state)
 
     dt = delta.astype(acc)
     if delta_bias is not None:
@@ -120,12 +120,6 @@ def _check_inputs(u, delta, A, B, C, D, z, delta_bias, initial_state) -> None:
         check_shape("delta_bias", delta_bias, (dim,), "[D]")
     if initial_state is not None:
         check_shape("initial_state", initial_state, (batch, dim, state), "[batch, D, N]")
-
-
-def _accumulation_dtype(*arrays) -> jnp.dtype:
-    """float32, or float64 when any input is float64."""
-    dtypes = [jnp.result_type(x) for x in arrays if x is not None]
-    return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
 
 
 def _scan_sequential(u, dt, A, B, C, h0):

@@ -9,10 +9,13 @@ In Mamba-2's names: `q = C`, `k = B` (`H = n_groups` heads), `v = x * dt`, `g = 
 chunk-local cumulative log-gate `gamma` and `Gamma_ij = exp(gamma_i - gamma_j)` (i >= j),
 
     o = (q exp(gamma)) S + ((q k^T) * Gamma) v
-    S' = exp(gamma_C) S + (k exp(gamma_C - gamma))^T v
 
-so that only the state passing `S -> S'` is sequential (over T / C chunks).
+and the state entering the next chunk, `S' = exp(gamma_C) S + (k exp(gamma_C - gamma))^T v`, is
+the only sequential step (over T / C chunks): the gated delta rule's state pass with `v_new = v`
+(`seqlab.ops._chunked.scan_chunk_states`).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -39,12 +42,11 @@ def ssd(
       v: `[B, T, HV, V]` with `HV` a multiple of `H`: q/k head `h` serves value heads
         `h * G .. h * G + G - 1`, `G = HV // H` (as `jnp.repeat(q, G, axis=2)`).
       g: `[B, T, HV]`, the log-decay (<= 0).
-      initial_state: `[B, HV, K, V]`, the state before the first token of each row (zeros by
-        default); with `segment_ids` it applies to each row's first segment.
-      output_final_state: also return the state after the last token.
-      chunk_size: tokens per chunk of `"chunked"`; T need not be a multiple.
-      segment_ids: `[B, T]` int, packed documents: the state restarts from zero at every change of
-        id along t; the final state is that of each row's last segment.
+      initial_state, output_final_state, chunk_size, segment_ids: as in
+        `seqlab.ops.gated_delta_rule`: the state `[B, HV, K, V]` before each row's first token
+        (zeros by default; with packed documents, before the first one), returned after the last
+        token when asked; tokens per chunk of `"chunked"` (T need not be a multiple); `[B, T]`
+        int ids of packed documents, the state restarting from zero at every change of id.
       impl: None (auto: `"chunked"` on every platform for now), `"recurrent"` (token-by-token
         `lax.scan`), `"chunked"` (SSD form in XLA). `"pallas_tpu"`, `"pallas_gpu"` and `"pallas"`
         raise `NotImplementedError`: the kernels are not implemented yet.
@@ -53,22 +55,14 @@ def ssd(
       `(o, final_state)`: `o: [B, T, HV, V]` in `v.dtype`; `final_state: [B, HV, K, V]` in float32
       (float64 for float64 inputs) when `output_final_state`, else None.
     """
-    b, t, h, dk, hv, dv = _chunked.validate(
+    _chunked.validate(
         q, k, v, g, initial_state=initial_state, segment_ids=segment_ids, chunk_size=chunk_size
     )
-    impl = _chunked.check_impl(impl)
-    acc = _chunked.accumulation_dtype(q, k, v, g)
-    out_dtype = v.dtype
-    groups = hv // h
-    q, k = (_chunked.expand_heads(x, groups).astype(acc) for x in (q, k))
-    v, g = v.astype(acc), g.astype(acc)
-    state = jnp.zeros((b, hv, dk, dv), acc) if initial_state is None else initial_state.astype(acc)
-    seg = _chunked.segment_index(segment_ids, b, t)
-    if impl == "recurrent":
-        o, final = _recurrent(q, k, v, g, state, seg)
+    if _chunked.check_impl(impl) == "recurrent":
+        form = functools.partial(_chunked.recurrent, _token_step)
     else:
-        o, final = _chunked_form(q, k, v, g, state, seg, chunk_size)
-    return o.astype(out_dtype), final if output_final_state else None
+        form = functools.partial(_chunked_form, chunk_size=chunk_size)
+    return _chunked.run(form, (q, k, v, g), initial_state, segment_ids, output_final_state)
 
 
 def ssd_step(q_t, k_t, v_t, g_t, state):
@@ -81,12 +75,8 @@ def ssd_step(q_t, k_t, v_t, g_t, state):
       `(o_t: [B, HV, V] in v_t.dtype, new_state: [B, HV, K, V])`, the state in float32 (float64
       for float64 inputs).
     """
-    _, h, _, hv, _ = _chunked.validate_step(q_t, k_t, v_t, g_t, state)
-    acc = _chunked.accumulation_dtype(q_t, k_t, v_t, g_t, state)
-    groups = hv // h
-    q_t, k_t = (_chunked.expand_heads(x, groups, axis=1).astype(acc) for x in (q_t, k_t))
-    state, o_t = _token_step(state.astype(acc), (q_t, k_t, v_t.astype(acc), g_t.astype(acc)))
-    return o_t.astype(v_t.dtype), state
+    _chunked.validate_step(q_t, k_t, v_t, g_t, state)
+    return _chunked.decode_step(_token_step, q_t, k_t, v_t, (g_t,), state)
 
 
 def _token_step(state, xs):
@@ -94,18 +84,6 @@ def _token_step(state, xs):
     q_t, k_t, v_t, g_t = xs
     state = jnp.exp(g_t)[..., None, None] * state + k_t[..., :, None] * v_t[..., None, :]
     return state, _chunked.einsum("bhkv,bhk->bhv", state, q_t)
-
-
-def _recurrent(q, k, v, g, state, seg):
-    """Token-by-token reference; inputs in the accumulation dtype."""
-
-    def step(s, xs):
-        reset_t, *rest = xs
-        s = jnp.where(reset_t[:, None, None, None], 0.0, s)
-        return _token_step(s, tuple(rest))
-
-    final, o = _chunked.scan_tokens(step, state, (_chunked.resets(seg), q, k, v, g))
-    return o, final
 
 
 def _chunked_form(q, k, v, g, state, seg, chunk_size):

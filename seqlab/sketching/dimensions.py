@@ -25,7 +25,7 @@ Each function states the event it guarantees and the union or tail bound behind 
 
 import math
 
-from seqlab.ops._checks import check_choice, check_positive_int
+from seqlab.ops.checks import check_choice, check_positive_int
 
 METHODS = ("priority", "threshold", "jl", "countsketch")
 

@@ -45,7 +45,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_positive_int
+from seqlab.ops.checks import check_positive_int
 from seqlab.sketching.sparse import (
     COUNTSKETCH,
     JL,

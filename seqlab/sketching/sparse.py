@@ -22,7 +22,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops._checks import check_floating, check_positive_int
+from seqlab.ops.checks import check_floating, check_positive_int
 
 # Domain tags folded into the base key so that different sketches built from one seed draw
 # independent numbers.

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from seqlab.modules.lm import PRESETS, LanguageModel, preset
 from seqlab.modules.ode_transformer import ODETransformer
+from seqlab.ops.checks import check_choice, check_positive_int
 
 PATTERNS: dict[str, Callable[[int], str]] = {
     "mamba": lambda n: "m" * n,
@@ -46,17 +47,14 @@ def model_names() -> list[str]:
 
 def build_model(model, vocab_size: int) -> LanguageModel | ODETransformer:
     """The model of the config block `model` over `vocab_size` tokens."""
-    if model.dtype not in DTYPES:
-        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {model.dtype!r}")
+    check_choice("model.dtype", model.dtype, sorted(DTYPES))
     param_dtype = jnp.float64 if model.dtype == "float64" else jnp.float32
     dtypes = dict(dtype=DTYPES[model.dtype], param_dtype=param_dtype)
+    check_choice("model.name", model.name, model_names())
     if model.name in PRESETS:
         return preset(model.name, vocab_size=vocab_size, **dtypes)
-    if model.name not in PATTERNS and model.name != ODE_TRANSFORMER:
-        raise ValueError(f"model.name must be one of {model_names()}, got {model.name!r}")
     for field in ("d_model", "num_layers"):
-        if model[field] <= 0:
-            raise ValueError(f"model.{field} must be > 0, got {model[field]}")
+        check_positive_int(f"model.{field}", model[field])
     if model.d_ff < 0:
         raise ValueError(f"model.d_ff must be >= 0 (0: no MLP), got {model.d_ff}")
     if model.name == ODE_TRANSFORMER:

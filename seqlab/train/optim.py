@@ -1,4 +1,5 @@
-"""The optimizer of a run, from the `optimizer` block of its config.
+"""The optimizer of a run, from the `optimizer` block of its config (`optimizer_config()`: the
+defaults, which every config starts from).
 
 name            "adamw" | "adam" | "sgd"
 learning_rate   peak learning rate
@@ -13,16 +14,40 @@ trainable       "" to train every parameter, or a substring: only the parameters
 """
 
 import jax
+import ml_collections
 import optax
+
+from seqlab.ops.checks import check_choice
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "cosine")
+DEFAULTS = dict(
+    name="adamw",
+    learning_rate=1e-3,
+    schedule="cosine",
+    warmup_steps=50,
+    final_fraction=0.1,
+    weight_decay=0.1,
+    b1=0.9,
+    b2=0.98,
+    eps=1e-8,
+    grad_clip=1.0,
+    trainable="",
+)
+
+
+def optimizer_config(**overrides) -> ml_collections.ConfigDict:
+    """An `optimizer` block: `DEFAULTS` with `overrides` replacing some of its keys (a key that
+    is not one raises `ValueError`)."""
+    unknown = sorted(set(overrides) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"optimizer_config: unknown keys {unknown}; known: {sorted(DEFAULTS)}")
+    return ml_collections.ConfigDict({**DEFAULTS, **overrides})
 
 
 def make_schedule(opt, total_steps: int) -> optax.Schedule:
     """Learning rate as a function of the step (see the module docstring)."""
-    if opt.schedule not in SCHEDULES:
-        raise ValueError(f"optimizer.schedule must be one of {SCHEDULES}, got {opt.schedule!r}")
+    check_choice("optimizer.schedule", opt.schedule, SCHEDULES)
     if not opt.learning_rate > 0:
         raise ValueError(f"optimizer.learning_rate must be > 0, got {opt.learning_rate}")
     if opt.warmup_steps < 0:
@@ -49,8 +74,7 @@ def make_schedule(opt, total_steps: int) -> optax.Schedule:
 
 def make_optimizer(opt, total_steps: int) -> optax.GradientTransformation:
     """The optax transformation of the config block `opt` (see the module docstring)."""
-    if opt.name not in OPTIMIZERS:
-        raise ValueError(f"optimizer.name must be one of {OPTIMIZERS}, got {opt.name!r}")
+    check_choice("optimizer.name", opt.name, OPTIMIZERS)
     if opt.grad_clip < 0:
         raise ValueError(f"optimizer.grad_clip must be >= 0, got {opt.grad_clip}")
     lr = make_schedule(opt, total_steps)

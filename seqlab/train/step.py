@@ -6,7 +6,7 @@ argmax is the target. The logits are float32 (float64 for a float64 model, see `
 """
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import flax.linen as nn
 import jax
@@ -21,6 +21,7 @@ __all__ = [
     "TrainState",
     "create_state",
     "eval_step",
+    "evaluate_batches",
     "jit_steps",
     "means",
     "scored_sums",
@@ -86,6 +87,13 @@ def eval_step(apply_fn: Callable, params, batch: dict) -> dict[str, jax.Array]:
 def means(sums: dict) -> dict:
     """`loss` and `accuracy` from summed `loss_sum`, `correct`, `count`."""
     return {k: float(v) for k, v in _means(sums).items()}
+
+
+def evaluate_batches(eval_fn: Callable, params, batches: Iterable[dict]) -> dict[str, float]:
+    """`loss` and `accuracy` over every scored position of `batches` (at least one):
+    `eval_fn(params, batch)` gives each batch's `scored_sums`, added up before dividing."""
+    sums = [eval_fn(params, batch) for batch in batches]
+    return means(jax.device_get(jax.tree.map(lambda *xs: sum(xs), *sums)))
 
 
 def jit_steps(apply_fn: Callable, state_shardings, mesh) -> tuple[Callable, Callable]:

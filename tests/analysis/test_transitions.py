@@ -15,7 +15,7 @@ def test_transitions_of_a_polarized_mamba(dtype):
     model = Mamba(d_model=4, d_state=3, polarize=(1, 1), dtype=dtype, param_dtype=dtype)
     x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 7, 4)), dtype)
     params = jax.jit(model.init)(jax.random.key(0), x)
-    inputs = jax.jit(lambda p, x: model.apply(p, x, method="scan_inputs"))(params, x)
+    inputs = jax.jit(lambda p, x: model.apply(p, x, method="op_inputs"))(params, x)
     got = transitions(inputs)
     assert got.shape == (2, 7, 8, 5) and got.dtype == dtype
     dt = np.logaddexp(

@@ -281,6 +281,30 @@ def test_cluster_counts():
     assert token_flow.cluster_count(blobs, cos_min=0.999) == 3
 
 
+def test_circle_clusters_width_of_the_widest():
+    theta = np.concatenate([c + np.linspace(-0.01, 0.01, 5) for c in (0.0, 2.0, 4.0)])
+    count, widest = token_flow.circle_clusters(token_flow.on_circle(theta), gap=0.1)
+    assert int(count) == 3 and float(widest) == pytest.approx(0.02, abs=1e-6)
+    spread = token_flow.on_circle(jnp.linspace(0, 2 * jnp.pi, 200, endpoint=False))
+    count, widest = token_flow.circle_clusters(spread, gap=0.1)
+    assert int(count) == 1 and float(widest) == pytest.approx(2 * np.pi)
+    # Traceable: vmap over configurations gives the per-configuration values.
+    both = jnp.stack([token_flow.on_circle(theta), token_flow.on_circle(theta + 1.0)])
+    counts, widths = jax.vmap(lambda x: token_flow.circle_clusters(x, gap=0.1))(both)
+    np.testing.assert_array_equal(counts, [3, 3])
+    np.testing.assert_allclose(widths, 0.02, atol=1e-6)
+
+
+def test_fibonacci_sphere_is_a_near_uniform_lattice():
+    x = token_flow.fibonacci_sphere(500)
+    assert x.shape == (500, 3) and x.dtype == np.float64
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-14)
+    np.testing.assert_allclose(x.mean(axis=0), 0.0, atol=1e-2)  # no preferred direction
+    np.testing.assert_allclose(
+        token_flow.on_circle(np.array([0.0, np.pi / 2])), [[1, 0], [0, 1]], atol=1e-7
+    )
+
+
 def test_bad_inputs_raise_named_errors():
     x = _sphere(np.random.default_rng(10), 5, 3)
     field = token_flow.vector_field

@@ -95,7 +95,7 @@ def test_the_kernel_runs_per_shard_under_the_mesh():
     """With batches split over 4 chips the kernel sees a quarter of the batch (shard_map), not
     the whole batch gathered onto every chip."""
     cfg = config("lm", mesh__fsdp=2)
-    run = launch._Run(cfg, aot.topology_devices("v5e:2x2"), data=False)
+    run = launch.build(cfg, aot.topology_devices("v5e:2x2"), data=False)
     init = functools.partial(create_state, run.model, run.tx, seq_len=cfg.data.seq_len)
     state = jax.eval_shape(init, jax.random.key(0))
     shardings = mesh_lib.state_shardings(state, run.mesh)

@@ -20,6 +20,7 @@ from experiments.configs import lm as lm_config
 from experiments.configs import mqar as mqar_config
 from seqlab.train.checkpoint import Checkpointer
 from seqlab.train.metrics import read_metrics
+from seqlab.train.step import create_state
 from tests.conftest import assert_close
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def test_every_config_has_the_contract_keys_and_a_valid_runlocal(name):
     for key in ("total_steps", "seed", "checkpoint_every"):
         assert key in config
     assert config.total_steps <= 20
-    launch._Run(config)  # raises ValueError for anything invalid; compiles nothing
+    launch.build(config)  # raises ValueError for anything invalid; compiles nothing
     assert "python -m experiments.launch" in module.__doc__
 
 
@@ -101,7 +102,7 @@ def test_lm_runlocal_token_file(tmp_path):
 def test_bad_config_fails_before_anything_compiles(tmp_path, key, value, match):
     config = mqar_config.get_config("runlocal")
     parent, _, leaf = key.rpartition(".")
-    block = launch._get(config, parent) if parent else config
+    block = launch.get(config, parent) if parent else config
     with config.unlocked():
         block[leaf] = value
     with pytest.raises(ValueError, match=match):
@@ -139,8 +140,8 @@ def _abstract_state(config):
     """The shapes and dtypes of the run's state, on one device."""
     config = config.copy_and_resolve_references()
     config.mesh.data, config.mesh.fsdp = 1, 1
-    run = launch._Run(config, jax.devices()[:1])
-    init = lambda key: launch.create_state(run.model, run.tx, key, config.data.seq_len)  # noqa: E731
+    built = launch.build(config, jax.devices()[:1])
+    init = lambda key: create_state(built.model, built.tx, key, config.data.seq_len)  # noqa: E731
     return jax.eval_shape(init, jax.random.key(0))
 
 

@@ -20,7 +20,7 @@ from jax import lax
 
 from seqlab.kernels.gated_delta import pallas_gpu, vjp
 from seqlab.ops import gated_delta_rule
-from tests.ops.test_gated_delta import forward_and_grads, inputs, segment_rows
+from tests.ops.recurrences import forward_and_grads, inputs, segment_rows
 from tests.ops.trained_like import rel_rms
 
 INTERPRET = os.environ.get("SEQLAB_GPU_KERNELS", "interpret") != "compiled"

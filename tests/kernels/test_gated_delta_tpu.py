@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from seqlab.kernels.gated_delta import api, pallas_tpu
 from seqlab.ops.gated_delta import gated_delta_rule
-from tests.ops.test_gated_delta import assert_all_close, forward_and_grads, inputs, segment_rows
+from tests.ops.recurrences import assert_all_close, forward_and_grads, inputs, segment_rows
 
 CASES = {
     # T not a multiple of the chunk, grouped heads (HV = 2 H), initial state, packed segments.

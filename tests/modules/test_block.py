@@ -91,9 +91,9 @@ def test_step_matches_call(with_mlp):
 
 
 def test_cache_is_the_mixers():
-    block = MambaBlock(D_MODEL, norm_eps=1e-5, d_state=3, polarize=(2, 1), d_conv=3)
+    block = MambaBlock(D_MODEL, norm_eps=1e-5, d_state=3, polarize=(2, 1), conv_size=3)
     assert block.norm_eps == 1e-5 and block.mlp is None
     cache = block.init_cache(2, 7)
-    want = Mamba(D_MODEL, d_state=3, polarize=(2, 1), d_conv=3).init_cache(2, 7)
+    want = Mamba(D_MODEL, d_state=3, polarize=(2, 1), conv_size=3).init_cache(2, 7)
     assert jax.tree.structure(cache) == jax.tree.structure(want)
-    assert cache["conv"].shape == (2, 2, 16) and cache["ssm"].shape == (2, 16, 6)
+    assert cache["conv"].shape == (2, 2, 16) and cache["state"].shape == (2, 16, 6)

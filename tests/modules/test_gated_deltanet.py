@@ -9,6 +9,7 @@ import pytest
 
 from seqlab.modules.gated_deltanet import GatedDeltaNet
 from tests.conftest import assert_close
+from tests.modules import mixers
 
 D_MODEL, H, K, T, BATCH, CHUNK = 16, 2, 4, 7, 2, 4  # T not a multiple of CHUNK
 
@@ -26,23 +27,8 @@ def _x(dtype=jnp.float64):
 
 @functools.cache
 def _params(num_v_heads=None):
-    """Random float64 parameters (numpy draws: compiling `init` would cost more than the tests).
-
-    Matrices ~ N(0, 1 / fan_in), vectors ~ 1 + 0.1 N(0, 1); then decay rates `exp(A_log)` in
-    [0.5, 3] and `dt_bias` in [-1, 1], so that the decays differ visibly from 1.
-    """
     model = _model(num_v_heads=num_v_heads)
-    shapes = jax.eval_shape(model.init, jax.random.key(0), _x())["params"]
-    rng = np.random.default_rng(1)
-
-    def draw(s):
-        a = rng.standard_normal(s.shape)
-        return jnp.asarray(a / np.sqrt(s.shape[0]) if a.ndim == 2 else 1.0 + 0.1 * a)
-
-    p = jax.tree.map(draw, shapes)
-    p["A_log"] = jnp.log(jnp.linspace(0.5, 3.0, model.v_heads))
-    p["dt_bias"] = jnp.linspace(-1.0, 1.0, model.v_heads)
-    return {"params": p}
+    return mixers.random_params(model, _x(), model.v_heads)
 
 
 @functools.cache
@@ -52,29 +38,12 @@ def _forward(impl, num_v_heads=None):
 
 @functools.cache
 def _forward_and_vjp(impl):
-    """`(params, x, cotangent) -> (out, (d params, d x))`, one compilation per impl."""
-    apply = _model(impl=impl).apply
-
-    def run(params, x, cotangent):
-        out, vjp = jax.vjp(apply, params, x)
-        return out, vjp(cotangent)
-
-    return jax.jit(run)
+    return mixers.forward_and_vjp(_model(impl=impl))
 
 
 @functools.cache
 def _decode(num_v_heads=None):
-    model = _model(num_v_heads=num_v_heads)
-
-    def decode(params, x):
-        def step(cache, x_t):
-            y_t, cache = model.apply(params, x_t, cache, method=model.step)
-            return cache, y_t
-
-        _, ys = jax.lax.scan(step, model.init_cache(x.shape[0], x.shape[1]), jnp.swapaxes(x, 0, 1))
-        return jnp.swapaxes(ys, 0, 1)
-
-    return jax.jit(decode)
+    return jax.jit(functools.partial(mixers.decode, _model(num_v_heads=num_v_heads)))
 
 
 def _out(impl, num_v_heads=None):
@@ -142,39 +111,6 @@ def test_chunked_matches_recurrent_in_output_and_gradients():
     assert_close(chunked, _forward_and_vjp("recurrent")(params, x, cotangent))
 
 
-@pytest.mark.parametrize("impl", ["recurrent", "chunked"])
-@pytest.mark.parametrize("t", [0, 3, T - 2])
-def test_output_at_t_has_no_gradient_from_later_inputs(impl, t):
-    params, x = _params(), _x()
-    cotangent = jnp.zeros_like(x).at[:, t].set(1.0)  # d(sum of outputs at t) / d x
-    _, (_, dx) = _forward_and_vjp(impl)(params, x, cotangent)
-    influence = np.abs(np.asarray(dx)).max(axis=(0, 2))  # [s]
-    assert np.all(influence[t + 1 :] == 0.0), influence
-    assert np.all(influence[: t + 1] > 0.0), influence
-
-
-def test_shapes_and_dtypes():
-    model = _model(num_v_heads=2 * H, dtype=jnp.bfloat16, param_dtype=jnp.float32)
-    x = jax.ShapeDtypeStruct((BATCH, T, D_MODEL), jnp.bfloat16)
-    params = jax.eval_shape(model.init, jax.random.key(0), x)
-    assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(params))
-    out = jax.eval_shape(model.apply, params, x)
-    assert (out.shape, out.dtype) == ((BATCH, T, D_MODEL), jnp.bfloat16)
-    cache = model.init_cache(BATCH, max_len=1000)  # max_len unused: the cache does not grow
-    shapes = {name: (a.shape, a.dtype) for name, a in cache.items()}
-    assert shapes == {
-        "q_conv": ((BATCH, 3, H * K), jnp.bfloat16),
-        "k_conv": ((BATCH, 3, H * K), jnp.bfloat16),
-        "v_conv": ((BATCH, 3, 2 * H * 2 * K), jnp.bfloat16),
-        "state": ((BATCH, 2 * H, K, 2 * K), jnp.float32),
-    }
-    x_t = jax.ShapeDtypeStruct((BATCH, D_MODEL), jnp.bfloat16)
-    step = functools.partial(model.apply, method=model.step)
-    y_t, new_cache = jax.eval_shape(step, params, x_t, cache)
-    assert (y_t.shape, y_t.dtype) == ((BATCH, D_MODEL), jnp.bfloat16)
-    assert {n: (a.shape, a.dtype) for n, a in new_cache.items()} == shapes
-
-
 def test_init_ranges_and_unit_norm_qk():
     model = _model(num_heads=2, num_v_heads=64, dtype=jnp.float32, param_dtype=jnp.float32)
     x = 3.0 * _x(jnp.float32)
@@ -195,39 +131,8 @@ def test_init_ranges_and_unit_norm_qk():
         np.testing.assert_allclose(np.asarray(norms), 1.0, rtol=0, atol=1e-5, err_msg=name)
 
 
-@pytest.mark.parametrize(
-    ("fields", "match"),
-    [
-        ({"num_heads": 0}, "num_heads"),
-        ({"head_dim": -1}, "head_dim"),
-        ({"num_v_heads": 3}, "num_v_heads"),
-        ({"expand_v": 1.3}, "expand_v"),
-        ({"chunk_size": 0}, "chunk_size"),
-        ({"conv_size": 0}, "conv_size"),
-    ],
-)
-def test_bad_fields_raise(fields, match):
-    with pytest.raises(ValueError, match=match):
-        jax.eval_shape(_model(**fields).init, jax.random.key(0), _x())
-
-
-def test_bad_inputs_raise():
-    model, params = _model(), _params()
-    apply = functools.partial(jax.eval_shape, model.apply, params)  # raises while tracing
-    step = functools.partial(jax.eval_shape, functools.partial(model.apply, method=model.step))
-    with pytest.raises(ValueError, match=r"x must have shape \[B, T, d_model\]"):
-        apply(jnp.zeros((BATCH, T, D_MODEL + 1)))
-    with pytest.raises(ValueError, match="x must have rank 3"):
-        apply(jnp.zeros((BATCH, D_MODEL)))
-    with pytest.raises(ValueError, match="x must be a floating-point"):
-        apply(jnp.zeros((BATCH, T, D_MODEL), jnp.int32))
-    cache = model.init_cache(BATCH, T)
-    with pytest.raises(ValueError, match="x_t must have rank 2"):
-        step(params, jnp.zeros((BATCH, 1, D_MODEL)), cache)
-    with pytest.raises(ValueError, match="state"):
-        step(params, jnp.zeros((BATCH + 1, D_MODEL)), cache)
-    with pytest.raises(ValueError, match="batch_size"):
-        model.init_cache(0, T)
+def test_bad_impl_raises():
+    params = _params()
     with pytest.raises(ValueError, match="impl"):
         jax.eval_shape(_model(impl="fast").apply, params, _x())
     with pytest.raises(NotImplementedError, match="Pallas"):  # chunk_size=4 is no kernel size

@@ -9,6 +9,7 @@ import pytest
 
 from seqlab.modules.mamba2 import Mamba2
 from tests.conftest import assert_close
+from tests.modules import mixers
 
 D_MODEL, N, P, T, BATCH, CHUNK = 16, 4, 8, 7, 2, 4  # d_inner 32, 4 heads; T not a multiple of CHUNK
 HEADS = 2 * D_MODEL // P
@@ -29,24 +30,9 @@ def _x(dtype=jnp.float64):
 
 @functools.cache
 def _params(config=CONFIGS[0]):
-    """Random float64 parameters (numpy draws: compiling `init` would cost more than the tests).
-
-    Matrices ~ N(0, 1 / fan_in), vectors ~ 1 + 0.1 N(0, 1); then decay rates `exp(A_log)` in
-    [0.5, 3] and `dt_bias` in [-1, 1], so that the decays differ visibly from 1.
-    """
     n_groups, norm_before_gate = config
     model = _model(n_groups=n_groups, norm_before_gate=norm_before_gate)
-    shapes = jax.eval_shape(model.init, jax.random.key(0), _x())["params"]
-    rng = np.random.default_rng(1)
-
-    def draw(s):
-        a = rng.standard_normal(s.shape)
-        return jnp.asarray(a / np.sqrt(s.shape[0]) if a.ndim == 2 else 1.0 + 0.1 * a)
-
-    p = jax.tree.map(draw, shapes)
-    p["A_log"] = jnp.log(jnp.linspace(0.5, 3.0, HEADS))
-    p["dt_bias"] = jnp.linspace(-1.0, 1.0, HEADS)
-    return {"params": p}
+    return mixers.random_params(model, _x(), HEADS)
 
 
 @functools.cache
@@ -57,30 +43,14 @@ def _forward(impl, config):
 
 @functools.cache
 def _forward_and_vjp(impl):
-    """`(params, x, cotangent) -> (out, (d params, d x))`, one compilation per impl."""
-    apply = _model(impl=impl).apply
-
-    def run(params, x, cotangent):
-        out, vjp = jax.vjp(apply, params, x)
-        return out, vjp(cotangent)
-
-    return jax.jit(run)
+    return mixers.forward_and_vjp(_model(impl=impl))
 
 
 @functools.cache
 def _decode(config):
     n_groups, norm_before_gate = config
     model = _model(n_groups=n_groups, norm_before_gate=norm_before_gate)
-
-    def decode(params, x):
-        def step(cache, x_t):
-            y_t, cache = model.apply(params, x_t, cache, method=model.step)
-            return cache, y_t
-
-        _, ys = jax.lax.scan(step, model.init_cache(x.shape[0], x.shape[1]), jnp.swapaxes(x, 0, 1))
-        return jnp.swapaxes(ys, 0, 1)
-
-    return jax.jit(decode)
+    return jax.jit(functools.partial(mixers.decode, model))
 
 
 def _out(impl, config):
@@ -154,37 +124,6 @@ def test_chunked_matches_recurrent_in_output_and_gradients():
     assert_close(chunked, _forward_and_vjp("recurrent")(params, x, cotangent))
 
 
-@pytest.mark.parametrize("impl", ["recurrent", "chunked"])
-@pytest.mark.parametrize("t", [0, 3, T - 2])
-def test_output_at_t_has_no_gradient_from_later_inputs(impl, t):
-    params, x = _params(), _x()
-    cotangent = jnp.zeros_like(x).at[:, t].set(1.0)  # d(sum of outputs at t) / d x
-    _, (_, dx) = _forward_and_vjp(impl)(params, x, cotangent)
-    influence = np.abs(np.asarray(dx)).max(axis=(0, 2))  # [s]
-    assert np.all(influence[t + 1 :] == 0.0), influence
-    assert np.all(influence[: t + 1] > 0.0), influence
-
-
-def test_shapes_and_dtypes():
-    model = _model(n_groups=2, dtype=jnp.bfloat16, param_dtype=jnp.float32)
-    x = jax.ShapeDtypeStruct((BATCH, T, D_MODEL), jnp.bfloat16)
-    params = jax.eval_shape(model.init, jax.random.key(0), x)
-    assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(params))
-    out = jax.eval_shape(model.apply, params, x)
-    assert (out.shape, out.dtype) == ((BATCH, T, D_MODEL), jnp.bfloat16)
-    cache = model.init_cache(BATCH, max_len=1000)  # max_len unused: the cache does not grow
-    shapes = {name: (a.shape, a.dtype) for name, a in cache.items()}
-    assert shapes == {
-        "conv": ((BATCH, 3, 2 * D_MODEL + 2 * 2 * N), jnp.bfloat16),
-        "state": ((BATCH, HEADS, N, P), jnp.float32),
-    }
-    x_t = jax.ShapeDtypeStruct((BATCH, D_MODEL), jnp.bfloat16)
-    step = functools.partial(model.apply, method=model.step)
-    y_t, new_cache = jax.eval_shape(step, params, x_t, cache)
-    assert (y_t.shape, y_t.dtype) == ((BATCH, D_MODEL), jnp.bfloat16)
-    assert {n: (a.shape, a.dtype) for n, a in new_cache.items()} == shapes
-
-
 def test_init_ranges():
     # 32 heads; dt_init_floor above dt_min so that the floor is exercised.
     dt_min, dt_max, floor = 1e-5, 1e-2, 1e-3
@@ -206,40 +145,8 @@ def test_init_ranges():
     assert bool(jnp.all(jnp.abs(p["conv_weight"]) <= 0.5))  # U(-1/sqrt(W), 1/sqrt(W)), W = 4
 
 
-@pytest.mark.parametrize(
-    ("fields", "match"),
-    [
-        ({"d_state": 0}, "d_state"),
-        ({"head_dim": 5}, "head_dim"),
-        ({"n_groups": 3}, "n_groups"),
-        ({"expand": 0}, "expand"),
-        ({"chunk_size": 0}, "chunk_size"),
-        ({"dt_min": 0.2}, "dt_min"),
-        ({"A_init_range": (3.0, 2.0)}, "A_init_range"),
-    ],
-)
-def test_bad_fields_raise(fields, match):
-    with pytest.raises(ValueError, match=match):
-        jax.eval_shape(_model(**fields).init, jax.random.key(0), _x())
-
-
-def test_bad_inputs_raise():
-    model, params = _model(), _params()
-    apply = functools.partial(jax.eval_shape, model.apply, params)  # raises while tracing
-    step = functools.partial(jax.eval_shape, functools.partial(model.apply, method=model.step))
-    with pytest.raises(ValueError, match=r"x must have shape \[B, T, d_model\]"):
-        apply(jnp.zeros((BATCH, T, D_MODEL + 1)))
-    with pytest.raises(ValueError, match="x must have rank 3"):
-        apply(jnp.zeros((BATCH, D_MODEL)))
-    with pytest.raises(ValueError, match="x must be a floating-point"):
-        apply(jnp.zeros((BATCH, T, D_MODEL), jnp.int32))
-    cache = model.init_cache(BATCH, T)
-    with pytest.raises(ValueError, match="x_t must have rank 2"):
-        step(params, jnp.zeros((BATCH, 1, D_MODEL)), cache)
-    with pytest.raises(ValueError, match="state"):
-        step(params, jnp.zeros((BATCH + 1, D_MODEL)), cache)
-    with pytest.raises(ValueError, match="max_len"):
-        model.init_cache(BATCH, 0)
+def test_bad_impl_raises():
+    params = _params()
     with pytest.raises(ValueError, match="impl"):
         jax.eval_shape(_model(impl="fast").apply, params, _x())
     with pytest.raises(NotImplementedError, match="pallas"):

@@ -11,7 +11,7 @@ import pytest
 
 from seqlab.dynamics import token_flow
 from theory import runner
-from theory.metastability import claims
+from theory.metastability import claims, measures
 from theory.registry import Context, Outcome
 
 matplotlib.use("Agg")
@@ -29,12 +29,42 @@ def _check_outcome(outcome: Outcome) -> None:
 
 def test_clusters_on_known_configurations():
     theta = np.concatenate([c + np.linspace(-0.01, 0.01, 5) for c in (0.0, 2.0, 4.0)])
-    x = np.asarray(claims.on_circle(theta))
-    count, widest = claims.clusters(x)
-    assert count == 3 and widest == pytest.approx(0.02, abs=1e-6)
-    assert count == int(token_flow.cluster_count_circle(x, gap=claims.GAP))
-    spread = np.asarray(claims.on_circle(np.linspace(0, 2 * np.pi, 200, endpoint=False)))
-    assert claims.clusters(spread) == (1, 2 * np.pi)
+    x = np.asarray(token_flow.on_circle(theta))
+    counts, clustered = measures.cluster_history(np.stack([x, x.astype(np.float32)]))
+    np.testing.assert_array_equal(counts, [3, 3])
+    np.testing.assert_array_equal(clustered, [True, True])  # widest 0.02 < TIGHT
+    loose = np.asarray(token_flow.on_circle(np.array([0.0, 0.06, 0.12, 2.0])))
+    counts, clustered = measures.cluster_history(loose[None])
+    assert counts[0] == 2 and not clustered[0]  # one cluster spans 0.12 > TIGHT
+    spread = np.asarray(token_flow.on_circle(np.linspace(0, 2 * np.pi, 200, endpoint=False)))
+    assert [v.tolist() for v in measures.cluster_history(spread)] == [1, False]
+
+
+def test_random_start_states_are_metastable_states_of_uniform_runs():
+    key = jax.random.key(3)
+    ts, counts, clustered, states = measures.random_start_states(
+        key, 4, 32, 9.0, horizon=20.0, per_unit=4, normalized=True
+    )
+    assert ts.shape == (41,) and counts.shape == clustered.shape == (4, 41)
+    assert ts[-1] == pytest.approx(20.0, rel=1e-5)  # units of 1 / lambda_k*
+    for c, k, state in zip(counts, clustered, states, strict=True):
+        assert state == measures.metastable(ts, c, k, measures.PERSIST)
+    x0 = measures.uniform_starts(key, 4, 32)
+    assert x0.shape == (4, 32, 2) and x0.dtype == jnp.float32
+
+
+def test_one_step_and_energies_follow_the_flow():
+    with jax.enable_x64(True):
+        x0 = measures.uniform_starts(jax.random.key(1), 1, 16).astype(jnp.float64)
+        traj = measures.flows(
+            x0, jnp.full(1, 3.0), jnp.full(1, 0.5), n_steps=8, n_saves=4, normalized=False
+        )
+        stepped = measures.one_step(traj.xs[0, :-1], 3.0, 0.125, n_steps=2)
+        np.testing.assert_allclose(stepped, traj.xs[0, 1:], atol=1e-12)
+        e = measures.energies(traj.xs[0], 3.0)
+        assert e.shape == (5,) and np.all(np.diff(np.asarray(e)) > 0)  # USA ascends E
+    rate = measures.rate_of(9.0, False)
+    assert rate == token_flow.growth_rate(4, 9.0, 2, normalized=False)  # k* = 4 at beta = 9
 
 
 def test_metastable_finds_the_first_persistent_count():
@@ -42,24 +72,19 @@ def test_metastable_finds_the_first_persistent_count():
     counts = np.array([9, 7, 5, 4, 4, 3, 3, 3, 3, 3, 2, 2])
     clustered = np.array([0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], bool)
     # 5 holds 1, 4 holds 2: too short; 3 holds from t = 5 to t = 10.
-    assert claims.metastable(ts, counts, clustered, 4.0) == (3, 5.0, 10.0)
-    assert claims.metastable(ts, counts, clustered, 1.0) == (5, 2.0, 3.0)
-    assert claims.metastable(ts, counts, clustered, 20.0) is None
+    assert measures.metastable(ts, counts, clustered, 4.0) == (3, 5.0, 10.0)
+    assert measures.metastable(ts, counts, clustered, 1.0) == (5, 2.0, 3.0)
+    assert measures.metastable(ts, counts, clustered, 20.0) is None
     never = np.full(12, 3)
-    assert claims.metastable(ts, never, clustered, 4.0) == (3, 2.0, np.inf)
+    assert measures.metastable(ts, never, clustered, 4.0) == (3, 2.0, np.inf)
 
 
 def test_perturbation_gives_every_mode_the_same_amplitude():
     eps, modes = 1e-6, np.arange(1, 9)
     with jax.enable_x64(True):
-        x = claims.on_circle(jnp.asarray(claims.perturbed(64, modes, eps)))
+        x = token_flow.on_circle(jnp.asarray(measures.perturbed(64, modes, eps)))
         amps = np.asarray(token_flow.mode_amplitudes(x, modes))
     np.testing.assert_allclose(amps, eps / 2, rtol=1e-4)  # linear in eps up to O(eps^2)
-
-
-def test_fitted_rate_recovers_an_exponential():
-    ts = np.linspace(0, 3, 30)
-    assert claims.fitted_rate(ts, 1e-4 * np.exp(0.7 * ts)) == pytest.approx(0.7, rel=1e-10)
 
 
 def test_growth_rates_claim_holds_small(tmp_path):
@@ -80,11 +105,12 @@ def test_growth_rates_sphere_claim_holds_small(tmp_path):
 def test_zonal_perturbation_excites_one_degree():
     # The lattice response at t = 0: the degree-k amplitude moves by O(eps), the others by
     # O(eps^2) plus the lattice's own quadrature error, which the base run cancels.
-    base = claims.fibonacci_sphere(500)
-    moved = claims.zonal_perturbation(base, 3, 1e-5)
+    base = token_flow.fibonacci_sphere(500)
+    moved = measures.zonal_perturbation(base, 3, 1e-5)
     np.testing.assert_allclose(np.linalg.norm(moved, axis=1), 1.0, atol=1e-14)
     shift = [
-        claims.zonal_amplitude(moved, k) - claims.zonal_amplitude(base, k) for k in (1, 2, 3, 4, 5)
+        measures.zonal_amplitude(moved, k) - measures.zonal_amplitude(base, k)
+        for k in (1, 2, 3, 4, 5)
     ]
     assert abs(shift[2]) > 1e-6
     assert max(abs(v) for i, v in enumerate(shift) if i != 2) < 1e-3 * abs(shift[2])

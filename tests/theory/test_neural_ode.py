@@ -16,7 +16,7 @@ import pytest
 from seqlab.analysis import lyapunov
 from seqlab.modules.ode_transformer import ODETransformer
 from tests.conftest import assert_close
-from theory.neural_ode import claims, train
+from theory.neural_ode import claims, measures, train
 from theory.registry import Context
 
 T_LEN, VOCAB = 5, 11
@@ -60,8 +60,8 @@ def test_adapter_integrates_the_models_own_flow(tiny):
 
     @jax.jit
     def both(tokens):  # 4 steps, not the model's default 3: num_steps passes through
-        x0 = claims.initial_state(model, params, tokens)
-        x1 = lyapunov.integrate(claims.token_field(model, params), x0, num_steps=4)
+        x0 = measures.initial_state(model, params, tokens)
+        x1 = lyapunov.integrate(measures.token_field(model, params), x0, num_steps=4)
         ours = model.apply({"params": params}, x1[None], method="readout")[0]
         return ours, model.apply({"params": params}, tokens[None], num_steps=4)[0]
 
@@ -72,7 +72,7 @@ def test_adapter_integrates_the_models_own_flow(tiny):
 def test_depth_spectra_are_those_of_the_weights():
     model, params, _ = _tiny(jnp.float64)
     ts = np.array([0.0, 0.3, 1.0])
-    got = claims.depth_spectra(model, params, jnp.asarray(ts))
+    got = measures.depth_spectra(model, params, jnp.asarray(ts))
     for s, t in enumerate(ts):
         w = {
             k: np.asarray(v)
@@ -90,26 +90,26 @@ def test_magnitude_trend_sees_rise_and_fall():
     ts = np.linspace(0.0, 1.0, 9)
     phases = np.exp(1j * np.arange(6)).reshape(2, 3)
     rising = (1.0 + ts)[:, None, None] * phases  # |lambda| = 1 + t: slope 1, mean 1.5
-    got = claims.magnitude_trend(ts, rising)
+    got = measures.magnitude_trend(ts, rising)
     np.testing.assert_allclose(got["mean_abs_slope"], 1.0)
     np.testing.assert_allclose(got["mean_abs_relative_slope"], 1.0 / 1.5)
     assert got["mean_abs_relative_slope"] >= claims.RISE
-    falling = claims.magnitude_trend(ts, rising[::-1])
+    falling = measures.magnitude_trend(ts, rising[::-1])
     assert falling["mean_abs_relative_slope"] < claims.RISE  # the verdict's check can fail
 
 
 def test_token_exponents_match_the_jacobian_and_finite_differences():
     model, params, tokens = _tiny(jnp.float64)
-    x0 = claims.initial_state(model, params, tokens)
-    lam, mu, top = claims.token_exponents(model, params, x0, 3)
-    flow = lambda x: lyapunov.integrate(claims.token_field(model, params), x, num_steps=3)  # noqa: E731
+    x0 = measures.initial_state(model, params, tokens)
+    lam, mu, top = measures.token_exponents(model, params, x0, 3)
+    flow = lambda x: lyapunov.integrate(measures.token_field(model, params), x, num_steps=3)  # noqa: E731
     jac = np.asarray(jax.jit(jax.jacfwd(flow))(x0))  # [T, D, T, D]
     d = x0.shape[1]
     for i in range(T_LEN):
         block = jac[:, :, i, :].reshape(T_LEN * d, d)  # all outputs w.r.t. token i
         assert_close(lam[i], np.log(np.linalg.svd(block, compute_uv=False)))
         assert_close(mu[i], np.log(np.abs(np.diagonal(np.linalg.qr(block)[1]))))
-    growth = claims.perturbation_growth(model, params, x0, 3)
+    growth = measures.perturbation_growth(model, params, x0, 3)
     fd, linear = growth(top[2])
     assert_close(linear, lam[2, 0])
     errors = np.abs(np.asarray(fd) - lam[2, 0])

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from seqlab.analysis import similarity
+from seqlab.analysis import rates, similarity
 from seqlab.modules.mamba import Mamba
 from theory.ssm_bottleneck import claims, measures
 
@@ -19,10 +19,12 @@ T = 24
 def polarized():
     """Influence, step sizes and A of a random `Mamba(polarize=(1, 1))`, N = 1 + 2 + 1."""
     model = Mamba(d_model=4, d_state=2, polarize=(1, 1))
-    params, x = claims._init(model, jax.random.key(0), T)
-    infl, dt, A = (np.asarray(v, np.float64) for v in claims._influence_and_steps(model, params, x))
+    params, x = measures.init_with_input(model, jax.random.key(0), T)
+    infl, dt, A = (
+        np.asarray(v, np.float64) for v in measures.influence_and_steps(model, params, x)
+    )
     rho, dt_r, _ = (
-        np.asarray(v, np.float64) for v in claims._retention_and_steps(model, params, x)
+        np.asarray(v, np.float64) for v in measures.retention_and_steps(model, params, x)
     )
     return dict(model=model, infl=infl, dt=dt, A=A, rho=rho, dt_r=dt_r)
 
@@ -30,29 +32,37 @@ def polarized():
 def _rates(infl, dt, width):
     """Fitted decay rate per state channel, as the claim computes it."""
     s = np.arange(T - width + 1)
-    tau = claims.elapsed(dt, s + width).T
+    tau = measures.elapsed(dt, s + width).T
     window = infl[:, :, s]
-    valid = window > claims._UNDERFLOW
+    valid = window > measures.UNDERFLOW
     log_w = np.log(np.where(valid, window, 1.0))
     return np.array(
-        [claims.decay_rate(log_w[:, n], tau, valid[:, n]) for n in range(infl.shape[1])]
+        [-rates.pooled_slope(tau, log_w[:, n], valid[:, n]) for n in range(infl.shape[1])]
     )
 
 
-def test_decay_rate_recovers_a_known_rate():
-    rng = np.random.default_rng(0)
-    tau = np.cumsum(rng.uniform(0.01, 0.1, (3, 20)), axis=1)[:, ::-1]
-    log_infl = np.array([[1.0], [-2.0], [0.5]]) - 7.0 * tau + rng.normal(0, 0.01, tau.shape)
-    valid = np.ones_like(tau, bool)
-    valid[0, :5] = False
-    log_infl[0, :5] = 50.0  # masked entries must not count
-    assert claims.decay_rate(log_infl, tau, valid) == pytest.approx(7.0, rel=0.02)
+def test_elapsed_is_the_step_size_still_to_come():
+    dt = np.arange(1.0, 5.0)[:, None] * np.ones((1, 2))  # [T=4, d=2]: 1, 2, 3, 4
+    np.testing.assert_array_equal(measures.elapsed(dt, np.array([0, 2, 4, 9]))[:, 0], [10, 7, 0, 0])
+
+
+def test_smoothing_curves_are_scale_free_where_the_measure_is():
+    xs = np.random.default_rng(2).normal(size=(3, 6, 4))
+    got, scaled = measures.smoothing_curves(xs), measures.smoothing_curves(1e-3 * xs)
+    np.testing.assert_allclose(scaled["diameter"], 1e-3 * got["diameter"], rtol=1e-5)
+    np.testing.assert_allclose(
+        scaled["dirichlet_energy"], 1e-6 * got["dirichlet_energy"], rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        scaled["relative_dirichlet_energy"], got["relative_dirichlet_energy"], rtol=1e-5
+    )
+    np.testing.assert_allclose(got["linf_diameter"], np.ptp(xs, axis=1).max(axis=1), rtol=1e-6)
 
 
 def test_influence_is_causal_and_carried_by_the_one_channel(polarized):
     infl, A = polarized["infl"], polarized["A"]
     assert A[0, 0] == 0.0 and A[0, -1] == -100.0
-    rates = _rates(infl, polarized["dt"], polarized["model"].d_conv)
+    rates = _rates(infl, polarized["dt"], polarized["model"].conv_size)
     assert abs(rates[0]) <= 0.25  # 1-channel: no decay
     np.testing.assert_allclose(rates[1:3], -A[0, 1:3], rtol=0.25)  # learnable: rate |A_n|
     assert rates[-1] > 50  # 0-channel: fast decay (rate 100 up to the fit)
@@ -61,9 +71,11 @@ def test_influence_is_causal_and_carried_by_the_one_channel(polarized):
 def test_unpolarized_channels_do_decay():
     # The same measurement on a plain Mamba: its first state channel (A = -1) is not a 1-channel.
     model = Mamba(d_model=4, d_state=2)
-    params, x = claims._init(model, jax.random.key(1), T)
-    infl, dt, A = (np.asarray(v, np.float64) for v in claims._influence_and_steps(model, params, x))
-    rates = _rates(infl, dt, model.d_conv)
+    params, x = measures.init_with_input(model, jax.random.key(1), T)
+    infl, dt, A = (
+        np.asarray(v, np.float64) for v in measures.influence_and_steps(model, params, x)
+    )
+    rates = _rates(infl, dt, model.conv_size)
     assert A[0, 0] == -1.0
     assert rates[0] > 0.5  # would fail the 1-channel criterion |rate| <= 0.25
     np.testing.assert_allclose(rates, -A[0], rtol=0.25)
@@ -137,6 +149,6 @@ def test_recency_slope_of_a_mamba_is_below_log_a_max():
     model = Mamba(d_model=4, d_state=2)
     xs = jax.random.normal(jax.random.key(2), (2, T, 4), jnp.float32)
     params = jax.jit(model.init)(jax.random.key(3), xs)
-    prof = measures.recency_profile(model, params, xs, min_distance=model.d_conv)
+    prof = measures.recency_profile(model, params, xs, min_distance=model.conv_size)
     assert -0.01 < prof["log_a_max"] < 0.0  # the slowest channel: A = -1, dt ~ 1e-3
     assert prof["slope"] + 2 * prof["slope_stderr"] <= prof["log_a_max"]

@@ -6,30 +6,18 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
-from seqlab.train.optim import make_optimizer, param_path
+from seqlab.train.optim import make_optimizer, optimizer_config, param_path
 from tests.conftest import assert_close
 
 
 def _opt(trainable: str):
-    return ml_collections.ConfigDict(
-        dict(
-            name="adamw",
-            learning_rate=1e-2,
-            schedule="constant",
-            warmup_steps=0,
-            final_fraction=0.1,
-            weight_decay=0.1,
-            b1=0.9,
-            b2=0.98,
-            eps=1e-8,
-            grad_clip=0.5,  # small: clipping is active, so the clipped norm must be the LoRA one
-            trainable=trainable,
-        )
+    # grad_clip small: clipping is active, so the clipped norm must be the LoRA one.
+    return optimizer_config(
+        learning_rate=1e-2, schedule="constant", warmup_steps=0, grad_clip=0.5, trainable=trainable
     )
 
 

@@ -6,32 +6,21 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
 from seqlab.modules.lm import preset
 from seqlab.train.data import IGNORE
-from seqlab.train.optim import make_optimizer, make_schedule
+from seqlab.train.optim import make_optimizer, make_schedule, optimizer_config
 from seqlab.train.step import create_state, eval_step, means, scored_sums, train_step
 from tests.conftest import assert_close
 
 
 def _opt(**overrides):
-    base = dict(
-        name="adamw",
-        learning_rate=1e-2,
-        schedule="constant",
-        warmup_steps=0,
-        final_fraction=0.1,
-        weight_decay=0.1,
-        b1=0.9,
-        b2=0.98,
-        eps=1e-8,
-        grad_clip=1.0,
+    return optimizer_config(
+        **{"learning_rate": 1e-2, "schedule": "constant", "warmup_steps": 0, **overrides}
     )
-    return ml_collections.ConfigDict({**base, **overrides})
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
@@ -101,7 +90,7 @@ def test_train_step_is_one_optax_update_of_the_masked_mean_loss():
 def test_train_step_skips_a_non_finite_update():
     model, state = _tiny_state()
     params = jax.tree.map(lambda x: x, state.params)
-    params["embed"]["embedding"] = params["embed"]["embedding"].at[0, 0].set(jnp.nan)
+    params["embedding"]["embedding"] = params["embedding"]["embedding"].at[0, 0].set(jnp.nan)
     state = state.replace(params=params)
     batch = _batch(model.vocab_size)
     batch["inputs"] = batch["inputs"].at[0, 0].set(0)  # reads the NaN row
@@ -134,3 +123,10 @@ def test_schedules():
 def test_bad_optimizer_configs_raise(overrides, match):
     with pytest.raises(ValueError, match=match):
         make_optimizer(_opt(**overrides), total_steps=10)
+
+
+def test_optimizer_config_defaults_and_unknown_keys():
+    config = optimizer_config(learning_rate=0.5)
+    assert config.learning_rate == 0.5 and config.name == "adamw" and config.trainable == ""
+    with pytest.raises(ValueError, match=r"unknown keys \['lr'\]"):
+        optimizer_config(lr=0.5)

@@ -9,99 +9,40 @@ plus keys for sampled rows, `k d` for a linear sketch). Estimates over many seed
 with `jax.vmap`, one compilation per method and size.
 """
 
-import functools
 import itertools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from matplotlib.figure import Figure
 
-from seqlab.modules.lm import LanguageModel
-from seqlab.ops.attention import attention
-from seqlab.sketching import (
-    SparseVectors,
-    countsketch,
-    estimate_product,
-    jl_sketch,
-    priority_sketch,
-    storage,
-    threshold_sketch,
+from seqlab.sketching import SparseVectors
+from theory.common import numpy_rng
+from theory.coordinated_sampling import figures
+from theory.coordinated_sampling.measures import (
+    METHODS,
+    attention_activations,
+    attention_weights,
+    beta_from_product,
+    dense_of,
+    join_tables,
+    linear_rows_matching,
+    product_pair,
+    random_rows,
+    random_rows_padded,
+    relative_errors,
+    sampling_rows,
+    trials,
 )
 from theory.registry import Context, Outcome, Paper, verdict
 
 PAPER = Paper("coordinated_sampling", "Daliri et al., matrix product sketching (2501.17836)")
 
-METHODS = ("priority", "threshold", "threshold_indep", "jl", "countsketch")
 LINEAR = ("jl", "countsketch")
-# Seed offset giving B its own seed for the independent variant.
-INDEPENDENT_OFFSET = 1_000_003
-
-
-def numpy_rng(key: jax.Array) -> np.random.Generator:
-    """A numpy generator seeded from a jax key (data generation only)."""
-    return np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
-
-
-def sketch_pair(method: str, A, B, k: int, seed, keys_a=None, keys_b=None):
-    """Sketches `(SA, SB)` of `A` and `B` with `k` rows each by `method` (one of `METHODS`)."""
-    fn = {
-        "priority": priority_sketch,
-        "threshold": threshold_sketch,
-        "threshold_indep": threshold_sketch,
-        "jl": jl_sketch,
-        "countsketch": countsketch,
-    }[method]
-    seed_b = seed + INDEPENDENT_OFFSET if method == "threshold_indep" else seed
-    return fn(A, k, seed, keys_a), fn(B, k, seed_b, keys_b)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _trials(method, A, B, k, seeds, keys_a, keys_b):
-    def one(seed):
-        SA, SB = sketch_pair(method, A, B, k, seed, keys_a, keys_b)
-        return estimate_product(SA, SB), storage(SA) + storage(SB)
-
-    return jax.lax.map(one, seeds)  # sequential over seeds: bounded memory for large sketches
-
-
-def trials(method, A, B, k, seeds, keys_a=None, keys_b=None):
-    """`(W: [trials, d, d'], storage: [trials])` over the integer `seeds`."""
-    return _trials(method, A, B, k, jnp.asarray(seeds, jnp.int32), keys_a, keys_b)
-
-
-def random_rows(rng, n: int, d: int, s: int, *, heavy: bool = False) -> SparseVectors:
-    """`n` rows in `R^d` with `s` non-zeros at uniform distinct columns, standard normal values,
-    row scales from a Student-t(2) when `heavy`; float32."""
-    idx = np.argsort(rng.random((n, d)), axis=1)[:, :s]
-    vals = rng.normal(size=(n, s))
-    if heavy:
-        vals *= np.abs(rng.standard_t(2, (n, 1)))
-    return SparseVectors(jnp.asarray(idx, jnp.int32), jnp.asarray(vals, jnp.float32), d)
-
-
-def dense_of(x: SparseVectors) -> np.ndarray:
-    out = np.zeros((x.batch_shape[0], x.dim))
-    np.put_along_axis(out, np.asarray(x.indices), np.asarray(x.values, np.float64), axis=1)
-    return out
-
-
-def relative_errors(W, truth: np.ndarray, scale: float) -> np.ndarray:
-    """`||W_t - truth||_F / scale` per trial."""
-    W = np.asarray(W, np.float64)
-    return np.linalg.norm((W - truth).reshape(len(W), -1), axis=1) / scale
 
 
 # The quick sizes of `unbiased` and `variance_bound` agree so that they share compilations.
 _SHARED = dict(n=300, d=40, s=5, count=300)
-
-
-def _pair(ctx: Context, n: int, d: int, s: int, heavy: bool):
-    rng = numpy_rng(ctx.key)
-    A, B = random_rows(rng, n, d, s, heavy=heavy), random_rows(rng, n, d, s, heavy=heavy)
-    Ad, Bd = dense_of(A), dense_of(B)
-    return A, B, Ad.T @ Bd, float(np.linalg.norm(Ad) * np.linalg.norm(Bd))
 
 
 @PAPER.claim(
@@ -113,7 +54,7 @@ def _pair(ctx: Context, n: int, d: int, s: int, heavy: bool):
 def unbiased(ctx: Context) -> Outcome:
     n, d, s, k = _SHARED["n"], _SHARED["d"], _SHARED["s"], 20
     count = ctx.size(_SHARED["count"], 4000)
-    A, B, truth, scale = _pair(ctx, n, d, s, heavy=True)
+    A, B, truth, scale = product_pair(ctx.key, n, d, s, heavy=True)
     bias, allowed, curves = {}, {}, {}
     for method in METHODS:
         W = np.asarray(trials(method, A, B, k, np.arange(count))[0], np.float64)
@@ -124,16 +65,7 @@ def unbiased(ctx: Context) -> Outcome:
         curves[method] = np.linalg.norm((running - truth).reshape(count, -1), axis=1) / scale
     holds = all(bias[m] <= allowed[m] for m in METHODS)
     path = ctx.figure()
-    fig = Figure(figsize=(6, 4), layout="constrained")
-    ax = fig.subplots()
-    t = np.arange(1, count + 1)
-    for method in METHODS:
-        ax.loglog(t, curves[method], label=method)
-    ax.loglog(t, curves["priority"][0] / np.sqrt(t), "k:", label="1/sqrt(trials)")
-    ax.set(xlabel="trials", ylabel="||mean W - A^T B||_F / (||A|| ||B||)")
-    ax.set_title(f"unbiasedness (n={n}, d={d}, s={s}, k={k})")
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
+    figures.running_bias(path, curves, f"unbiasedness (n={n}, d={d}, s={s}, k={k})")
     return Outcome(
         measured=dict(relative_bias=bias, trials=count),
         expected=dict(relative_bias_at_most=allowed),
@@ -160,7 +92,7 @@ def variance_bound_claim(ctx: Context) -> Outcome:
     n, d, s = _SHARED["n"], _SHARED["d"], _SHARED["s"]
     ks = ctx.size((5, 20), (5, 10, 20, 40, 80, 160))
     count = ctx.size(_SHARED["count"], 1000)
-    A, B, truth, scale = _pair(ctx, n, d, s, heavy=True)
+    A, B, truth, scale = product_pair(ctx.key, n, d, s, heavy=True)
     mse = {m: [] for m in METHODS}
     ok = True
     for k in ks:
@@ -171,15 +103,7 @@ def variance_bound_claim(ctx: Context) -> Outcome:
             bound = variance_bound(method, k)
             ok &= bound is None or mean - 3 * se <= bound
     path = ctx.figure()
-    fig = Figure(figsize=(6, 4), layout="constrained")
-    ax = fig.subplots()
-    for method in METHODS:
-        ax.loglog(ks, mse[method], "o-", label=method)
-    ax.loglog(ks, [2 / (k - 1) for k in ks], "k:", label="bound 2/(k-1)")
-    ax.loglog(ks, [2 / k for k in ks], "k--", lw=0.6, label="bound 2/k")
-    ax.set(xlabel="k (rows)", ylabel="E||W - A^T B||^2 / (||A||^2 ||B||^2)")
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
+    figures.variance(path, ks, mse)
     return Outcome(
         measured=dict(ks=list(ks), mse=mse),
         expected=dict(
@@ -188,27 +112,6 @@ def variance_bound_claim(ctx: Context) -> Outcome:
         verdict=verdict(ok),
         figures=(path,),
     )
-
-
-def sampling_rows(budget_per_table: float, d: int, s: int) -> int:
-    """Rows a sampling sketch keeps for about `budget_per_table` stored numbers with `s`
-    non-zeros per row (`min(2s, d) + 1` per row, plus 1)."""
-    return max(1, round((budget_per_table - 1) / (min(2 * s, d) + 1)))
-
-
-def random_rows_padded(rng, n: int, d: int, s: int) -> SparseVectors:
-    """`random_rows` with `d` slots whatever `s` (zero padding), so that every sparsity shares one
-    array shape and one compilation; storage counts only the non-zeros."""
-    rows = random_rows(rng, n, d, s)
-    pad = d - s
-    idx = jnp.pad(rows.indices, ((0, 0), (0, pad)))
-    return SparseVectors(idx, jnp.pad(rows.values, ((0, 0), (0, pad))), d)
-
-
-def linear_rows_matching(k: int, d: int, s: int) -> int:
-    """Rows of a linear sketch (`k_lin d` numbers per table) matching a sampling sketch of `k`
-    rows with `s` non-zeros each (`k (min(2s, d) + 1) + 1` numbers per table)."""
-    return max(1, round((k * (min(2 * s, d) + 1) + 1) / d))
 
 
 @PAPER.claim(
@@ -248,7 +151,7 @@ def sparsity_advantage(ctx: Context) -> Outcome:
         and 0.5 <= ratio[d] <= 2
     )
     path = ctx.figure()
-    _plot_storage(path, curves, sparsities, d)
+    figures.storage_by_sparsity(path, curves, sparsities, d)
     return Outcome(
         measured=dict(jl_over_priority={str(s): v for s, v in ratio.items()}, d=d, n=n),
         expected=dict(
@@ -260,51 +163,26 @@ def sparsity_advantage(ctx: Context) -> Outcome:
     )
 
 
-def _plot_storage(path, curves, sparsities, d):
-    fig = Figure(figsize=(3.2 * len(sparsities), 3.4), layout="constrained")
-    axes = fig.subplots(1, len(sparsities), sharey=True)
-    for ax, s in zip(axes, sparsities, strict=True):
-        for method, (st, err) in curves[s].items():
-            ax.loglog(st, err, "o-", label=method)
-        ax.set(title=f"s = {s}" + (" (dense)" if s == d else ""), xlabel="storage (numbers)")
-    axes[0].set_ylabel("relative Frobenius error")
-    axes[0].legend(fontsize=7)
-    fig.savefig(path, dpi=100)
-
-
-def join_tables(rng, n_a: int, n_b: int, overlap: int, features: int):
-    """Two tables joined by key. Party A holds `x: [n_a, features]` (heavy-tailed), party B holds
-    `y: [n_b]`; `overlap` keys are shared, and on them `y = x beta + noise`.
-
-    Returns the regression design of each side, `A' = [x, upper(x x^T), 1]` and `B' = [y, 1]`
-    (so that `A'^T B'` over the join holds `X^T y`, `X^T X`, `1^T X`, `1^T y`, the join size), the
-    keys, and `beta` of the exact join.
-    """
-    keys = rng.choice(10**8, n_a + n_b - overlap, replace=False)
-    keys_a, keys_b = keys[:n_a], keys[n_a - overlap :]
-    x = rng.standard_t(3, (n_a, features))
-    beta_true = rng.normal(size=features + 1)
-    y = rng.normal(size=n_b) * 3
-    joined = np.c_[x[n_a - overlap :], np.ones(overlap)]
-    y[:overlap] = joined @ beta_true + rng.normal(size=overlap)
-    iu = np.triu_indices(features)
-    design_a = np.c_[x, (x[:, :, None] * x[:, None, :])[:, iu[0], iu[1]], np.ones(n_a)]
-    design_b = np.c_[y, np.ones(n_b)]
-    beta = np.linalg.lstsq(joined, y[:overlap], rcond=None)[0]
-    return design_a, design_b, keys_a, keys_b, beta
-
-
-def beta_from_product(P: np.ndarray, features: int) -> np.ndarray:
-    """Least squares `beta` of `y` on `[x, 1]` from `P = A'^T B'` (`join_tables` layout)."""
-    iu = np.triu_indices(features)
-    gram = np.zeros((features + 1, features + 1))
-    upper = P[features : features + len(iu[0]), 1]
-    gram[iu] = upper
-    gram[iu[1], iu[0]] = upper
-    gram[:features, features] = gram[features, :features] = P[:features, 1]
-    gram[features, features] = P[-1, 1]
-    rhs = np.r_[P[:features, 0], P[-1, 0]]
-    return np.linalg.lstsq(gram, rhs, rcond=None)[0]
+def _storage_outcome(ctx, curves, error_name, extra=None, *, consistent=True, **labels) -> Outcome:
+    """The outcome of an equal-storage comparison, `curves[method] = (storage, error)` per storage
+    point: holds iff priority's error is below both linear sketches' at every point (and the
+    claim's own check is `consistent`); `extra` measured values are reported as well. `labels`:
+    the figure's `xlabel`, `ylabel`, `title`."""
+    others = zip(curves["jl"][1], curves["countsketch"][1], strict=True)
+    wins = [p < min(jl, cs) for p, (jl, cs) in zip(curves["priority"][1], others, strict=True)]
+    path = ctx.figure()
+    figures.error_by_storage(path, curves, **labels)
+    return Outcome(
+        measured=dict(
+            storage={m: c[0] for m, c in curves.items()},
+            **{error_name: {m: c[1] for m, c in curves.items()}},
+            **(extra or {}),
+            priority_wins=wins,
+        ),
+        expected=dict(priority_wins=[True] * len(wins)),
+        verdict=verdict(all(wins) and consistent),
+        figures=(path,),
+    )
 
 
 @PAPER.claim(
@@ -338,55 +216,14 @@ def join_regression(ctx: Context) -> Outcome:
             ]
             curves[method][0].append(float(np.mean(st)))
             curves[method][1].append(float(np.median(errs)))
-    wins = [
-        curves["priority"][1][i] < min(curves["jl"][1][i], curves["countsketch"][1][i])
-        for i in range(len(linear_rows))
-    ]
-    path = ctx.figure()
-    fig = Figure(figsize=(6, 4), layout="constrained")
-    ax = fig.subplots()
-    for method, (st, err) in curves.items():
-        ax.loglog(st, err, "o-", label=method)
-    ax.set(xlabel="storage (numbers, both tables)", ylabel="median ||beta_hat - beta|| / ||beta||")
-    ax.set_title(f"regression across a join ({overlap} of {n_a} x {n_b} keys shared)")
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
-    return Outcome(
-        measured=dict(
-            storage={m: c[0] for m, c in curves.items()},
-            median_beta_error={m: c[1] for m, c in curves.items()},
-            priority_wins=wins,
-        ),
-        expected=dict(priority_wins=[True] * len(wins)),
-        verdict=verdict(all(wins)),
-        figures=(path,),
+    return _storage_outcome(
+        ctx,
+        curves,
+        "median_beta_error",
+        xlabel="storage (numbers, both tables)",
+        ylabel="median ||beta_hat - beta|| / ||beta||",
+        title=f"regression across a join ({overlap} of {n_a} x {n_b} keys shared)",
     )
-
-
-def attention_activations(key: jax.Array, length: int):
-    """`(q, k, v): [T, H, D]` float32 from the attention block of a randomly initialized
-    `LanguageModel(pattern="a")` on random tokens (its real projections, norm and RoPE), and the
-    block's attention output `o: [T, H, D]` for the consistency check."""
-    model = LanguageModel(
-        vocab_size=256, d_model=64, pattern="a", attention={"num_heads": 4, "head_dim": 16}
-    )
-    k_init, k_tok = jax.random.split(key)
-    tokens = jax.random.randint(k_tok, (1, length), 0, model.vocab_size)
-    params = model.init(k_init, tokens)
-    bound = model.bind(params)
-    block = bound.blocks[0]
-    x = block.mixer_norm(bound.embed(tokens))
-    positions = jnp.arange(length, dtype=jnp.int32)
-    q, k, v = block.mixer._qkv(x, positions)
-    o = attention(q, k, v, q_positions=positions, k_positions=positions)
-    return q[0], k[0], v[0], o[0]
-
-
-def attention_weights(q: jax.Array, k: jax.Array) -> jax.Array:
-    """Causal `P = softmax(q k^T / sqrt(D)): [H, T, T]` (rows: queries) for `q, k: [T, H, D]`."""
-    scores = jnp.einsum("thd,shd->hts", q, k) / math.sqrt(q.shape[-1])
-    causal = jnp.tril(jnp.ones(scores.shape[-2:], bool))
-    return jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
 
 
 @PAPER.claim(
@@ -432,28 +269,16 @@ def attention_claim(ctx: Context) -> Outcome:
             curves[method][0].append(float(np.mean(stores)))
             curves[method][1].append(float(np.mean(errs)))
             bound_scale[method].append(float(np.mean(errs_pv)))
-    wins = [
-        curves["priority"][1][i] < min(curves["jl"][1][i], curves["countsketch"][1][i])
-        for i in range(len(fractions))
-    ]
-    path = ctx.figure()
-    fig = Figure(figsize=(6, 4), layout="constrained")
-    ax = fig.subplots()
-    for method, (st, err) in curves.items():
-        ax.loglog(st, err, "o-", label=method)
-    ax.set(xlabel="storage (numbers, both sketches)", ylabel="mean ||W - PV||_F / ||PV||_F")
-    ax.set_title(f"attention P V, T={length}, {heads} heads, D={dim} (random init)")
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
-    return Outcome(
-        measured=dict(
-            storage={m: c[0] for m, c in curves.items()},
-            mean_relative_error={m: c[1] for m, c in curves.items()},
+    return _storage_outcome(
+        ctx,
+        curves,
+        "mean_relative_error",
+        dict(
             mean_error_over_norm_P_norm_V=bound_scale,
-            priority_wins=wins,
             pv_vs_model_attention_max_abs_diff=consistency,
         ),
-        expected=dict(priority_wins=[True] * len(wins)),
-        verdict=verdict(all(wins) and consistency < 1e-4),
-        figures=(path,),
+        consistent=consistency < 1e-4,
+        xlabel="storage (numbers, both sketches)",
+        ylabel="mean ||W - PV||_F / ||PV||_F",
+        title=f"attention P V, T={length}, {heads} heads, D={dim} (random init)",
     )

@@ -12,49 +12,15 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from matplotlib.figure import Figure
 
+from seqlab.analysis import rates
 from seqlab.dynamics import mamba_ode
 from seqlab.modules.mamba import Mamba
-from theory.mamba_dynamics import dynamics as dyn
+from theory.mamba_dynamics import figures, measures
+from theory.mamba_dynamics.measures import REL_TOL
 from theory.registry import Context, Outcome, Paper, verdict
 
 PAPER = Paper("mamba_dynamics", "Vo et al., token dynamics of selective SSMs (2410.03292)")
-
-# Relative to ||M||_2: float32 products of N terms round at ~1e-7 relative, so eigenvalues and
-# singular values below 1e-5 ||M||_2 are zero up to rounding.
-REL_TOL = 1e-5
-
-
-def interaction_matrices(model: Mamba, key: jax.Array, count: int) -> np.ndarray:
-    """`M = S_C^T S_B` of `count` independent random inits of `model`: `[count, d_inner, d_inner]`.
-
-    Initializing through `interaction_matrix` creates the parameters it reads (x_proj and the
-    lambda scales) with the module's initializers, without the unrelated projections. One compiled
-    init called per key (compiling a vmapped init costs more than the calls at these sizes).
-    """
-
-    @jax.jit
-    def one(k):
-        params = model.init(k, method="interaction_matrix")
-        return model.apply(params, method="interaction_matrix")
-
-    return np.stack([np.asarray(one(k)) for k in jax.random.split(key, count)])
-
-
-def spectrum_summary(ms: np.ndarray) -> dict[str, np.ndarray]:
-    """Per matrix `[count, d, d]`: eigenvalues of the symmetric part scaled by `||M||_2`, the
-    numerical rank, and the relative asymmetry `||M - M^T||_F / ||M||_F`."""
-    ms = ms.astype(np.float64)
-    sym = (ms + np.swapaxes(ms, 1, 2)) / 2
-    singular = np.linalg.svd(ms, compute_uv=False)  # [count, d], descending
-    norm = singular[:, :1]
-    return dict(
-        eig=np.linalg.eigvalsh(sym) / norm,  # [count, d], ascending
-        rank=np.sum(singular > REL_TOL * norm, axis=1),
-        asymmetry=np.linalg.norm(ms - np.swapaxes(ms, 1, 2), axis=(1, 2))
-        / np.linalg.norm(ms, axis=(1, 2)),
-    )
 
 
 @PAPER.claim(
@@ -68,8 +34,8 @@ def sign_constraint_spectra(ctx: Context) -> Outcome:
     d_model, d_state, inits = ctx.size((8, 4, 32), (16, 16, 256))
     constraints = ("pos", "neg", "mixed", None)  # None: the unconstrained contrast
     summaries = {
-        c: spectrum_summary(
-            interaction_matrices(
+        c: measures.spectrum_summary(
+            measures.interaction_matrices(
                 Mamba(d_model=d_model, d_state=d_state, sign_constraint=c),
                 jax.random.fold_in(ctx.key, i),
                 inits,
@@ -92,7 +58,7 @@ def sign_constraint_spectra(ctx: Context) -> Outcome:
     )
     free = summaries[None]
     path = ctx.figure()
-    _plot_spectra(path, summaries, d_state)
+    figures.spectra(path, summaries, d_state)
     return Outcome(
         measured=dict(
             **checks,
@@ -115,63 +81,13 @@ def sign_constraint_spectra(ctx: Context) -> Outcome:
     )
 
 
-def _plot_spectra(path, summaries, d_state):
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    axes = fig.subplots(1, len(summaries), sharey=True)
-    for ax, (name, summary) in zip(axes, summaries.items(), strict=True):
-        eig = summary["eig"]  # [count, d], ascending
-        index = np.broadcast_to(np.arange(eig.shape[1]), eig.shape)
-        ax.plot(index.ravel(), eig.ravel(), ".", ms=3, alpha=0.4)
-        ax.axhline(0.0, color="k", lw=0.6)
-        ax.set(title=f"sign_constraint={name!r}", xlabel="eigenvalue index")
-        ax.text(
-            0.03,
-            0.95,
-            f"max rank {summary['rank'].max()} (N={d_state})",
-            transform=ax.transAxes,
-            va="top",
-            fontsize=8,
-        )
-    axes[0].set_ylabel("eig((M + M^T)/2) / ||M||_2")
-    fig.savefig(path, dpi=100)
-
-
 # -- token dynamics (the continuous-time limit, seqlab.dynamics.mamba_ode) -------------------------
 
-# Save times: log-spaced, so the late-time checks see several decades.
-_SAVES = 41
 
-
-def _save_times(t1: float) -> np.ndarray:
-    return np.geomspace(1e-3, t1, _SAVES).astype(np.float32)
-
-
-def _one_d_draws(key: jax.Array, trials: int, length: int, sign: float):
-    """`trials` draws of `(mu, s, a, x0: [L])` with `|mu|, s, a ~ U[0.5, 2]`, `mu = sign * |mu|`
-    and `|x0| ~ U[0.5, 1.5]` with random signs."""
-    k = jax.random.split(key, 5)
-    u = lambda kk, shape: np.asarray(jax.random.uniform(kk, shape, minval=0.5, maxval=2.0))  # noqa: E731
-    mu, s, a = sign * u(k[0], (trials,)), u(k[1], (trials,)), u(k[2], (trials,))
-    mag = np.asarray(jax.random.uniform(k[3], (trials, length), minval=0.5, maxval=1.5))
-    signs = np.where(np.asarray(jax.random.bernoulli(k[4], 0.5, (trials, length))), 1.0, -1.0)
-    return mu, s, a, (mag * signs).astype(np.float32)
-
-
-def _solve_1d(mu, s, a, x0, t1, max_norm=30.0):
-    traj = mamba_ode.integrate(
-        jnp.asarray(x0, jnp.float32)[:, None],
-        dyn.one_d_field(mu, s, a),
-        t1=t1,
-        ts=_save_times(t1),
-        max_norm=max_norm,
-    )
-    return dict(
-        ts=np.asarray(traj.ts, np.float64),
-        xs=np.asarray(traj.xs[:, :, 0], np.float64),  # [S, L]
-        t_end=float(traj.t_end),
-        blew_up=bool(traj.blew_up),
-        ok=bool(traj.ok),
-    )
+def _one_d_setup(ctx: Context, sign: float):
+    """`(mu, s, a, x0: [trials, L])` of `measures.one_d_draws` at the context's size."""
+    trials, length = ctx.size((3, 4), (16, 8))
+    return measures.one_d_draws(ctx.key, trials, length, sign)
 
 
 @PAPER.claim(
@@ -182,9 +98,9 @@ def _solve_1d(mu, s, a, x0, t1, max_norm=30.0):
     "t = 1e6 (quick) / 0.1% at t = 1e8 (full).",
 )
 def convergence_1d(ctx: Context) -> Outcome:
-    trials, length, t1, tol = ctx.size((3, 4, 1e6, 1e-2), (16, 8, 1e8, 1e-3))
-    mu, s, a, x0 = _one_d_draws(ctx.key, trials, length, sign=-1.0)
-    runs = [_solve_1d(*args, t1) for args in zip(mu, s, a, x0, strict=True)]
+    mu, s, a, x0 = _one_d_setup(ctx, sign=-1.0)
+    t1, tol = ctx.size((1e6, 1e-2), (1e8, 1e-3))
+    runs = [measures.solve_1d(*args, t1) for args in zip(mu, s, a, x0, strict=True)]
     ts = runs[0]["ts"]
     late = ts >= ts[-1] / 100
     max_rise, drift, limit_err = [], [], []
@@ -194,13 +110,13 @@ def convergence_1d(ctx: Context) -> Outcome:
         scaled = np.sqrt(ts[late])[:, None] * mag[late]
         drift.append(float(np.max(np.abs(scaled / scaled[-1] - 1.0))))
         got = np.sqrt(ts[-1]) * run["xs"][-1, 0]
-        want = np.sign(run["xs"][0, 0]) * dyn.convergence_limit(m)
+        want = np.sign(run["xs"][0, 0]) * measures.convergence_limit(m)
         limit_err.append(abs(got / want - 1.0))
     all_ok = all(r["ok"] and not r["blew_up"] for r in runs)
     # float32 rounding of |x| between saves: 1e-6 relative.
     holds = all_ok and max(max_rise) <= 1e-6 and max(drift) < 0.05 and max(limit_err) <= tol
     path = ctx.figure()
-    _plot_1d(path, runs, "mu < 0: |x_l(t)| and sqrt(t)|x_l(t)|", mu, scaled_limit=True)
+    figures.tokens_1d(path, runs, "mu < 0: |x_l(t)| and sqrt(t)|x_l(t)|", mu, scaled_limit=True)
     return Outcome(
         measured=dict(
             integrations_ok=all_ok,
@@ -228,22 +144,22 @@ def convergence_1d(ctx: Context) -> Outcome:
     "system blows up no later (within 1e-3).",
 )
 def fast_divergence_blowup(ctx: Context) -> Outcome:
-    trials, length = ctx.size((3, 4), (16, 8))
-    mu, s, a, x0 = _one_d_draws(ctx.key, trials, length, sign=1.0)
+    mu, s, a, x0 = _one_d_setup(ctx, sign=1.0)
     x0[:, 0] = np.abs(x0[:, 0])  # s > 0: s x_1(0) > 0
     t1, threshold = 1e3, 30.0  # float32: steps near |x| = 30 are still ~1e-5 of t
-    rel_err, system_first, predicted, measured_t = [], [], [], []
+    rel_err, system_first, predicted, measured_t, systems = [], [], [], [], []
     for m, ss, aa, x in zip(mu, s, a, x0, strict=True):
-        alone = _solve_1d(m, ss, aa, x[:1], t1, threshold)
-        system = _solve_1d(m, ss, aa, x, t1, threshold)
-        t_star = dyn.time_to_reach(m, ss, float(x[0]), math.inf)
+        alone = measures.solve_1d(m, ss, aa, x[:1], t1, threshold)
+        system = measures.solve_1d(m, ss, aa, x, t1, threshold)
+        systems.append(system)
+        t_star = measures.time_to_reach(m, ss, float(x[0]), math.inf)
         predicted.append(t_star)
         measured_t.append(alone["t_end"] if alone["blew_up"] else math.inf)
         rel_err.append(abs(measured_t[-1] / t_star - 1.0))
         system_first.append(system["blew_up"] and system["t_end"] <= measured_t[-1] * (1 + 1e-3))
     holds = max(rel_err) <= 1e-3 and all(system_first)
     path = ctx.figure()
-    _plot_blowup(path, mu, s, a, x0, predicted, measured_t)
+    figures.blowup(path, systems[0], predicted, measured_t)
     return Outcome(
         measured=dict(
             token1_blowup_time=measured_t,
@@ -269,10 +185,10 @@ def fast_divergence_blowup(ctx: Context) -> Outcome:
     "final time.",
 )
 def slow_divergence(ctx: Context) -> Outcome:
-    trials, length, t1 = ctx.size((3, 4, 1e6), (16, 8, 1e8))
-    mu, s, a, x0 = _one_d_draws(ctx.key, trials, length, sign=1.0)
-    x0 = -np.abs(x0)  # s > 0: s x_l(0) < 0 for all l
-    runs = [_solve_1d(*args, t1, max_norm=1e6) for args in zip(mu, s, a, x0, strict=True)]
+    mu, s, a, x0 = _one_d_setup(ctx, sign=1.0)
+    x0, length = -np.abs(x0), x0.shape[1]  # s > 0: s x_l(0) < 0 for all l
+    t1 = ctx.size(1e6, 1e8)
+    runs = [measures.solve_1d(*args, t1, max_norm=1e6) for args in zip(mu, s, a, x0, strict=True)]
     ts = runs[0]["ts"]
     late = ts >= ts[-1] / 100
     exponents, ordered, pairs_up, t_err = [], [], [], []
@@ -284,20 +200,18 @@ def slow_divergence(ctx: Context) -> Outcome:
             pairs_up.append(math.nan)
             t_err.append(math.nan)
             continue
-        loglog = np.log(np.log(ts[late]))
-        exponents.append(
-            [float(np.polyfit(loglog, np.log(mag[late, l]), 1)[0]) for l in range(length)]
-        )
+        ln_t = np.log(ts[late])
+        exponents.append([rates.power_exponent(ln_t, mag[late, l]) for l in range(length)])
         ordered.append(bool(np.all(np.diff(mag[-1]) > 0)))
         pairs_up.append(float(np.mean(np.diff(mag[-1]) > 0)))
-        t_back = dyn.time_to_reach(m, ss, float(run["xs"][0, 0]), float(run["xs"][-1, 0]))
+        t_back = measures.time_to_reach(m, ss, float(run["xs"][0, 0]), float(run["xs"][-1, 0]))
         t_err.append(abs(t_back / ts[-1] - 1.0))
     no_blowup = all(r["ok"] and not r["blew_up"] for r in runs)
     within = bool(np.all(np.asarray(exponents) <= np.arange(1, length + 1)))
     follows = no_blowup and max(t_err) <= 1e-3
     holds = no_blowup and follows and within and all(ordered)
     path = ctx.figure()
-    _plot_1d(path, runs, "mu > 0, s x_l(0) < 0: |x_l(t)|", mu, scaled_limit=False)
+    figures.tokens_1d(path, runs, "mu > 0, s x_l(0) < 0: |x_l(t)|", mu, scaled_limit=False)
     return Outcome(
         measured=dict(
             no_blowup=no_blowup,
@@ -318,17 +232,6 @@ def slow_divergence(ctx: Context) -> Outcome:
     )
 
 
-def _classify(traj_xs: np.ndarray, blew_up: bool) -> str:
-    """'diverges' (blow-up, or every token's norm x10), 'converges' (every norm /10), 'neither'."""
-    norms = np.linalg.norm(traj_xs, axis=-1)  # [S, L]
-    first, last = norms[0], norms[np.isfinite(norms).all(1)][-1]
-    if blew_up or np.all(last >= 10 * first):
-        return "diverges"
-    if np.all(last <= first / 10):
-        return "converges"
-    return "neither"
-
-
 @PAPER.claim(
     "two_d_definite",
     "2-D tokens driven by the interaction matrix of a real sign-constrained Mamba "
@@ -340,17 +243,17 @@ def _classify(traj_xs: np.ndarray, blew_up: bool) -> str:
 def two_d_definite(ctx: Context) -> Outcome:
     inits, length = ctx.size((3, 4), (16, 8))
     t1 = 1e6
-    ts = _save_times(t1)
+    ts = measures.save_times(t1)
     outcomes, trajectories = {}, {}
     for i, constraint in enumerate(("pos", "neg", "mixed")):
         k_field, k_x = jax.random.split(jax.random.fold_in(ctx.key, i))
-        field = dyn.mamba_2d_field(constraint, k_field)
+        field = measures.mamba_2d_field(constraint, k_field)
         xs0 = np.asarray(jax.random.normal(k_x, (inits, length, 2)), np.float32)
         labels, trajs = [], []
         for x in xs0:
             traj = mamba_ode.integrate(jnp.asarray(x), field, t1=t1, ts=ts)
             xs = np.asarray(traj.xs, np.float64)
-            labels.append(_classify(xs, bool(traj.blew_up)) if bool(traj.ok) else "failed")
+            labels.append(measures.classify(xs, bool(traj.blew_up)) if bool(traj.ok) else "failed")
             trajs.append(xs)
         eig = np.linalg.eigvalsh((np.asarray(field.M) + np.asarray(field.M).T) / 2)
         outcomes[constraint] = dict(
@@ -359,72 +262,13 @@ def two_d_definite(ctx: Context) -> Outcome:
         trajectories[constraint] = trajs
     holds = outcomes["pos"].get("diverges", 0) == 1.0 and outcomes["neg"].get("converges", 0) == 1.0
     path = ctx.figure()
-    _plot_phase(path, trajectories, outcomes)
+    figures.phase(path, trajectories, outcomes)
     return Outcome(
         measured=outcomes,
         expected=dict(pos={"diverges": 1.0}, neg={"converges": 1.0}, mixed="reported"),
         verdict=verdict(holds),
         figures=(path,),
     )
-
-
-def _plot_1d(path, runs, title, mu, *, scaled_limit):
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    for i, run in enumerate(runs[:3]):
-        ts, mag = run["ts"], np.abs(run["xs"])
-        for l in range(mag.shape[1]):
-            kw = dict(
-                color=f"C{l}", alpha=1.0 - 0.3 * i, label=f"token {l + 1}" if i == 0 else None
-            )
-            left.loglog(ts, mag[:, l], **kw)
-            right.semilogx(ts, np.sqrt(ts) * mag[:, l] if scaled_limit else mag[:, l], **kw)
-        if scaled_limit:
-            right.axhline(dyn.convergence_limit(mu[i]), color="k", ls=":", lw=0.8)
-    left.set(xlabel="t (depth)", ylabel="|x_l(t)|", title=title)
-    right.set(
-        xlabel="t (depth)",
-        ylabel="sqrt(t) |x_l(t)|" if scaled_limit else "|x_l(t)|",
-        title="dotted: 1/sqrt(2|mu| ln 2)" if scaled_limit else "linear scale",
-    )
-    left.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
-
-
-def _plot_blowup(path, mu, s, a, x0, predicted, measured_t):
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    run = _solve_1d(mu[0], s[0], a[0], x0[0], 1e3, 30.0)
-    ok = np.isfinite(run["xs"]).all(1)
-    for l in range(x0.shape[1]):
-        left.semilogy(run["ts"][ok], np.abs(run["xs"][ok, l]), ".-", label=f"token {l + 1}")
-    left.axvline(predicted[0], color="k", ls=":", label="T* (token 1, quadrature)")
-    left.set(xlabel="t", ylabel="|x_l(t)|", title="mu > 0, s x_1(0) > 0: finite-time blow-up")
-    left.legend(fontsize=8)
-    right.plot(predicted, measured_t, "o")
-    lim = [0, max(predicted) * 1.1]
-    right.plot(lim, lim, "k:")
-    right.set(
-        xlabel="T* from the ODE (quadrature)", ylabel="integrator: |x_1| >= 30", title="token 1"
-    )
-    fig.savefig(path, dpi=100)
-
-
-def _plot_phase(path, trajectories, outcomes):
-    fig = Figure(figsize=(12, 4), layout="constrained")
-    for ax, (name, trajs) in zip(fig.subplots(1, 3), trajectories.items(), strict=True):
-        for traj in trajs[:3]:
-            ok = np.isfinite(traj).all((1, 2)) & (np.linalg.norm(traj, axis=-1).max(1) < 10)
-            for l in range(traj.shape[1]):
-                ax.plot(traj[ok, l, 0], traj[ok, l, 1], color=f"C{l}", lw=0.8)
-                ax.plot(traj[0, l, 0], traj[0, l, 1], "o", color=f"C{l}", ms=3)
-        eig = outcomes[name]["eigenvalues"]
-        ax.set(
-            title=f"{name}: eig(M_sym) = {eig[0]:.2f}, {eig[1]:.2f}", xlabel="x[0]", ylabel="x[1]"
-        )
-        ax.set_xlim(-4, 4)
-        ax.set_ylim(-4, 4)
-    fig.savefig(path, dpi=100)
 
 
 @PAPER.claim(
@@ -438,26 +282,20 @@ def _plot_phase(path, trajectories, outcomes):
 def depth_limit(ctx: Context) -> Outcome:
     d_model, length, t1 = ctx.size((2, 6, 1.0), (4, 16, 1.0))
     k_model, k_x = jax.random.split(ctx.key)
-    model, params = dyn.scalar_decay_mamba(d_model, k_model)
+    model, params = measures.scalar_decay_mamba(d_model, k_model)
     field = mamba_ode.field_from_mamba(model, params)
     x0 = 0.5 * jax.random.normal(k_x, (length, model.d_inner), jnp.float32)
     exact = mamba_ode.integrate(x0, field, t1=t1, ts=jnp.asarray([t1], jnp.float32))
     taus = [1 / 8, 1 / 16, 1 / 32, 1 / 64]
     errors = []
     for tau in taus:
-        stacked = dyn.residual_stack(model, params, x0, tau, round(t1 / tau))
+        stacked = measures.residual_stack(model, params, x0, tau, round(t1 / tau))
         errors.append(float(jnp.max(jnp.abs(stacked - exact.xs[0]))))
     ratios = [errors[i] / errors[i + 1] for i in range(len(errors) - 1)]
     finite = bool(exact.ok) and not bool(exact.blew_up)  # a blow-up before t1 decides nothing
     holds = finite and all(1.7 <= r <= 2.3 for r in ratios)
     path = ctx.figure()
-    fig = Figure(figsize=(5, 4), layout="constrained")
-    ax = fig.subplots()
-    ax.loglog(taus, errors, "o-", label=f"max |stack - ODE| at t = {t1:g}")
-    ax.loglog(taus, [errors[0] * tau / taus[0] for tau in taus], "k:", label="slope 1")
-    ax.set(xlabel="tau (residual step = 1 / layers per unit time)", ylabel="error")
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
+    figures.depth_limit(path, taus, errors, t1)
     return Outcome(
         measured=dict(
             taus=taus,

@@ -9,89 +9,32 @@ u_t` the influence of token `s` on the final state `h_T` carries the factor `exp
 unit of `tau`: 0 on the 1-channel, `|A_n|` on the learnable channels, 100 on the 0-channel.
 """
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from matplotlib.figure import Figure
 
-from seqlab.analysis import similarity
-from seqlab.analysis.influence import token_influence
+from seqlab.analysis import rates
 from seqlab.analysis.transitions import transition_range
 from seqlab.modules.mamba import Mamba
-from seqlab.ops.selective_scan import selective_scan
 from theory.registry import Context, Outcome, Paper, verdict
-from theory.ssm_bottleneck import measures
+from theory.ssm_bottleneck import figures, measures
+from theory.ssm_bottleneck.measures import UNDERFLOW
 
 PAPER = Paper("ssm_bottleneck", "Wang et al., recency and over-smoothing in SSMs (2501.00658)")
 
-# Influences below this are float32 underflow, not measurements (the smallest normal is 1.2e-38).
-_UNDERFLOW = 1e-30
 # "Forgotten after one step": at most 1% of the state survives the step.
 FORGET = 0.01
 
 
-def polarized_mamba(ctx: Context, length: int) -> tuple[Mamba, dict, jax.Array]:
-    """A randomly initialized polarized Mamba (`polarize=(1, 1)`), its params and a random input
-    `x: [T, d_model]` (float32, standard normal), at the context's size."""
+def _polarized(ctx: Context, measure) -> tuple[Mamba, list[np.ndarray]]:
+    """A randomly initialized polarized Mamba (`polarize=(1, 1)`) at the context's size, and
+    `measure(model, params, x)` on a standard-normal input `x: [T, d_model]`, as float64 arrays."""
     d_model, d_state = ctx.size((8, 8), (16, 16))
     model = Mamba(d_model=d_model, d_state=d_state, polarize=(1, 1))
-    return model, *_init(model, ctx.key, length)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def _init(model: Mamba, key: jax.Array, length: int) -> tuple[dict, jax.Array]:
-    k_init, k_x = jax.random.split(key)
-    x = jax.random.normal(k_x, (length, model.d_model), jnp.float32)
-    return model.init(k_init, x[None]), x
-
-
-def step_sizes(inputs: dict) -> jax.Array:
-    """`dt = softplus(delta + delta_bias): [T, d_inner]` from one sequence's scan inputs."""
-    return jax.nn.softplus(inputs["delta"][0].astype(jnp.float32) + inputs["delta_bias"])
-
-
-def state_influence(model: Mamba, params: dict, x: jax.Array) -> jax.Array:
-    """`I[d, n, s] = ||d h_T[d, n] / d x_s||`: the influence of token `s` of `x: [T, d_model]` on
-    the final SSM state `h_T: [d_inner, N]`, through the whole mixer (projection, conv, scan)."""
-
-    def final_state(x):
-        inputs = model.apply(params, x[None], method="scan_inputs")
-        return selective_scan(**inputs, return_final_state=True)[1][0]
-
-    return token_influence(final_state, x)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _influence_and_steps(model: Mamba, params: dict, x: jax.Array):
-    """`(I: [d_inner, N, T], dt: [T, d_inner], A: [d_inner, N])` in one compiled call."""
-    inputs = model.apply(params, x[None], method="scan_inputs")
-    return state_influence(model, params, x), step_sizes(inputs), inputs["A"]
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _retention_and_steps(model: Mamba, params: dict, x: jax.Array):
-    """`(rho: [T, d_inner, N], dt: [T, d_inner], A: [d_inner, N])` in one compiled call."""
-    inputs = model.apply(params, x[None], method="scan_inputs")
-    return one_step_retention(inputs), step_sizes(inputs), inputs["A"]
-
-
-def elapsed(dt: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """`tau[i, d] = sum_{t >= start[i]} dt[t, d]` for `dt: [T, d]`: the step size still to come."""
-    tail = np.concatenate([np.cumsum(dt[::-1], axis=0)[::-1], np.zeros_like(dt[:1])])
-    return tail[np.minimum(start, len(dt))]
-
-
-def decay_rate(log_infl: np.ndarray, tau: np.ndarray, valid: np.ndarray) -> float:
-    """The pooled least-squares rate `a` in `log I[d, s] = c_d - a * tau[d, s]` (one intercept per
-    inner channel `d`, one common rate), over the `valid` entries. Arrays `[d, S]`."""
-    w = valid.astype(np.float64)
-    count = np.maximum(w.sum(axis=1, keepdims=True), 1.0)
-    tau_c = tau - (w * tau).sum(axis=1, keepdims=True) / count
-    log_c = log_infl - (w * log_infl).sum(axis=1, keepdims=True) / count
-    return float(-(w * tau_c * log_c).sum() / (w * tau_c**2).sum())
+    params, x = measures.init_with_input(model, ctx.key, ctx.size(64, 256))
+    return model, [np.asarray(v, np.float64) for v in measure(model, params, x)]
 
 
 @PAPER.claim(
@@ -103,31 +46,30 @@ def decay_rate(log_infl: np.ndarray, tau: np.ndarray, valid: np.ndarray) -> floa
     "one.",
 )
 def one_channel_keeps(ctx: Context) -> Outcome:
-    length = ctx.size(64, 256)
-    model, params, x = polarized_mamba(ctx, length)
-    infl, dt, A = (np.asarray(v, np.float64) for v in _influence_and_steps(model, params, x))
-    a = -A[0]  # [N]: 0, 1..d_state, 100 (infl: [d, N, T], dt: [T, d])
+    model, (infl, dt, A) = _polarized(ctx, measures.influence_and_steps)
+    length, a = infl.shape[-1], -A[0]  # [N]: 0, 1..d_state, 100 (infl: [d, N, T], dt: [T, d])
 
     # Token s enters the scan through the conv window s..s+W-1; beyond it only the state carries it.
-    width = model.d_conv
+    width = model.conv_size
     s = np.arange(length - width + 1)
-    tau = elapsed(dt, s + width).T  # [d, S]
+    tau = measures.elapsed(dt, s + width).T  # [d, S]
     window = infl[:, :, s]  # [d, N, S]
-    valid = window > _UNDERFLOW
+    valid = window > UNDERFLOW
     log_w = np.log(np.where(valid, window, 1.0))
-    rates = np.array([decay_rate(log_w[:, n], tau, valid[:, n]) for n in range(a.size)])
+    # log I[d, s] = c_d - rate * tau[d, s]: one pooled rate per state channel n.
+    fitted = np.array([-rates.pooled_slope(tau, log_w[:, n], valid[:, n]) for n in range(a.size)])
     learnable = slice(1, 1 + model.d_state)
-    rel_err = np.abs(rates[learnable] - a[learnable]) / a[learnable]
+    rel_err = np.abs(fitted[learnable] - a[learnable]) / a[learnable]
 
-    holds = abs(rates[0]) <= 0.25 and bool(np.all(rel_err <= 0.25))
+    holds = abs(fitted[0]) <= 0.25 and bool(np.all(rel_err <= 0.25))
     path = ctx.figure()
-    _plot_influence(path, infl, a, rates, model.d_state)
+    figures.influence(path, infl, a, fitted, model.d_state)
     return Outcome(
         measured=dict(
-            one_channel_rate=rates[0],
-            learnable_rates=rates[learnable],
+            one_channel_rate=fitted[0],
+            learnable_rates=fitted[learnable],
             learnable_max_rel_err=rel_err.max(),
-            zero_channel_rate=rates[-1],
+            zero_channel_rate=fitted[-1],
             dt_range=[dt.min(), dt.max()],
         ),
         expected=dict(
@@ -140,25 +82,6 @@ def one_channel_keeps(ctx: Context) -> Outcome:
     )
 
 
-def _plot_influence(path, infl, a, rates, d_state):
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    distance = np.arange(infl.shape[-1])[::-1]
-    norm = np.sqrt(np.sum(infl**2, axis=0))  # [N, T]: ||d h_T[:, n] / d x_s||
-    channels = [(0, "1-channel (A=0)"), (1, "learnable A=-1"), (d_state, f"learnable A=-{d_state}")]
-    for n, label in [*channels, (len(a) - 1, f"0-channel (A=-{a[-1]:g})")]:
-        left.semilogy(distance, np.maximum(norm[n], _UNDERFLOW), label=label)
-    left.set(xlabel="distance T-1-s", ylabel="||dh_T[:, n] / dx_s||", title="influence on state")
-    left.legend(fontsize=8)
-    learn = slice(1, 1 + d_state)
-    right.plot(a[learn], a[learn], "k:", label="rate = |A_n|")
-    right.plot(a[learn], rates[learn], "o", label="learnable (fitted)")
-    right.plot([0.0], rates[:1], "s", label="1-channel (fitted)")
-    right.set(xlabel="|A_n|", ylabel="fitted decay rate per unit dt", title="decay rates")
-    right.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
-
-
 @PAPER.claim(
     "polar_zero_channel_forgets",
     "The 0-channel (A = -100) of a polarized Mamba forgets its state in one step only for large "
@@ -167,9 +90,7 @@ def _plot_influence(path, infl, a, rates, d_state):
     "dt in [1e-3, 1e-1] it therefore forgets only at the large-dt end (exp(-100 * 1e-3) = 0.905).",
 )
 def zero_channel_forgets(ctx: Context) -> Outcome:
-    length = ctx.size(64, 256)
-    model, params, x = polarized_mamba(ctx, length)
-    rho, dt, A = (np.asarray(v, np.float64) for v in _retention_and_steps(model, params, x))
+    model, (rho, dt, A) = _polarized(ctx, measures.retention_and_steps)
     dt, retention, a_zero = dt.ravel(), rho[..., -1].ravel(), float(-A[0, -1])  # [T * d]
 
     dt_star = math.log(1 / FORGET) / a_zero
@@ -178,7 +99,7 @@ def zero_channel_forgets(ctx: Context) -> Outcome:
     large, small = dt >= dt_star * 1.01, dt <= dt_star * 0.99
     holds = bool(np.all(forgets[large]) and not np.any(forgets[small]))
     path = ctx.figure()
-    _plot_retention(path, dt, retention, a_zero, dt_star, (model.dt_min, model.dt_max))
+    figures.retention(path, dt, retention, a_zero, dt_star, (model.dt_min, model.dt_max), FORGET)
     return Outcome(
         measured=dict(
             largest_dt_retaining=float(dt[~forgets].max()) if np.any(~forgets) else None,
@@ -198,39 +119,6 @@ def zero_channel_forgets(ctx: Context) -> Outcome:
         verdict=verdict(holds, decidable=bool(np.any(large) and np.any(small))),
         figures=(path,),
     )
-
-
-def one_step_retention(inputs: dict) -> jax.Array:
-    """`rho[t, d, n] = d h_t[d, n] / d h_{t-1}[d, n]` for one sequence's scan inputs, measured by
-    forward-mode differentiation of `selective_scan` with respect to its initial state, one token
-    at a time (each token becomes a batch entry of length 1)."""
-    per_token = {
-        k: (jnp.swapaxes(v, 0, 1) if k in ("u", "delta", "B", "C", "z") else v)
-        for k, v in inputs.items()
-    }
-    length, (d_inner, n) = inputs["u"].shape[1], inputs["A"].shape
-    h0 = jnp.zeros((length, d_inner, n), inputs["A"].dtype)
-
-    def final(h):
-        return selective_scan(**per_token, initial_state=h, return_final_state=True)[1]
-
-    _, tangent = jax.jvp(final, (h0,), (jnp.ones_like(h0),))
-    return tangent  # diagonal recurrence: the tangent of a ones-perturbation is the diagonal
-
-
-def _plot_retention(path, dt, retention, a_zero, dt_star, init_range):
-    fig = Figure(figsize=(6, 4), layout="constrained")
-    ax = fig.subplots()
-    grid = np.geomspace(min(dt.min(), init_range[0]) / 2, max(dt.max(), init_range[1]) * 2, 200)
-    ax.axvspan(*init_range, color="0.92", label="dt init range")
-    ax.loglog(grid, np.exp(-a_zero * grid), "k:", label=f"exp(-{a_zero:g} dt)")
-    ax.loglog(dt, np.maximum(retention, _UNDERFLOW), ".", ms=3, label="measured dh_t/dh_{t-1}")
-    ax.axhline(FORGET, color="r", lw=0.8, label=f"forgotten (<= {FORGET})")
-    ax.axvline(dt_star, color="r", ls="--", lw=0.8, label=f"dt* = {dt_star:.3f}")
-    ax.set(xlabel="dt", ylabel="one-step retention", title="0-channel: one-step retention")
-    ax.set_ylim(1e-8, 2)
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
 
 
 # -- recency and over-smoothing ---------------------------------------------------------------
@@ -255,7 +143,7 @@ def recency_slope(ctx: Context) -> Outcome:
         model, params, k_train, steps=steps, delay=2, length=length, batch=batch
     )
     profiles = {
-        name: measures.recency_profile(model, p, xs, min_distance=model.d_conv)
+        name: measures.recency_profile(model, p, xs, min_distance=model.conv_size)
         for name, p in (("init", params), ("trained", trained))
     }
     checks = {}
@@ -275,13 +163,13 @@ def recency_slope(ctx: Context) -> Outcome:
         name: np.asarray(
             [
                 np.asarray(v, np.float64)
-                for v in transition_range(model.apply(p, xs, method="scan_inputs"))
+                for v in transition_range(model.apply(p, xs, method="op_inputs"))
             ]
         )
         for name, p in (("init", params), ("trained", trained))
     }
     path = ctx.figure()
-    _plot_recency(path, profiles, ranges)
+    figures.recency(path, profiles, ranges)
     return Outcome(
         measured=dict(
             **checks,
@@ -294,52 +182,12 @@ def recency_slope(ctx: Context) -> Outcome:
     )
 
 
-def _plot_recency(path, profiles, ranges):
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    for i, (name, prof) in enumerate(profiles.items()):
-        r = prof["distances"]
-        left.plot(r, prof["profile"], ".", color=f"C{i}", label=f"{name}: mean log-influence")
-        left.plot(r, prof["intercept"] + prof["slope"] * r, "-", color=f"C{i}", lw=0.8)
-        left.plot(
-            r,
-            prof["intercept"] + prof["log_a_max"] * r,
-            ":",
-            color=f"C{i}",
-            label=f"{name}: slope log A_max = {prof['log_a_max']:.3g}",
-        )
-    left.set(xlabel="distance t - s", ylabel="mean log ||dy_t / dx_s||", title="recency")
-    left.legend(fontsize=7)
-    for i, (name, (lo, hi)) in enumerate(ranges.items()):
-        right.hist((hi - lo).ravel(), bins=30, alpha=0.6, color=f"C{i}", label=name)
-    right.set(xlabel="A_max - A_min per channel", ylabel="channels", title="transition range")
-    right.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
-
-
-def _smoothing_curves(xs: np.ndarray) -> dict[str, np.ndarray]:
-    """Per layer of `xs: [depth + 1, T, D]` (float64): the similarity measures of
-    seqlab.analysis. Each layer is scaled to max |x| = 1 before the float32 computation and the
-    scale is put back (the measures are homogeneous: degree 1, the energy degree 2, the relative
-    energy 0), so that deep stacks, whose tokens shrink by orders of magnitude, do not underflow."""
-    fns = dict(
-        linf_diameter=(lambda x: jnp.max(similarity.channel_range(x)), 1),
-        diameter=(similarity.diameter, 1),
-        average_pairwise_distance=(similarity.average_pairwise_distance, 1),
-        dirichlet_energy=(similarity.dirichlet_energy, 2),
-        relative_dirichlet_energy=(similarity.relative_dirichlet_energy, 0),
-    )
-    scales = np.max(np.abs(xs), axis=(1, 2))
-    return {
-        k: np.array(
-            [float(f(jnp.asarray(x / c))) * c**deg for x, c in zip(xs, scales, strict=True)]
-        )
-        for k, (f, deg) in fns.items()
-    }
-
-
-def _stack_input(ctx: Context, length: int, width: int) -> jax.Array:
-    return jax.random.normal(jax.random.fold_in(ctx.key, 1), (length, width), jnp.float32)
+def _stack(ctx: Context) -> tuple[list, jax.Array]:
+    """The over-smoothing stack at the context's size: `measures.stack_layers` and a
+    standard-normal input `x: [T, width]`."""
+    depth, length, width = ctx.size((8, 32, 8), (24, 128, 16))
+    x = jax.random.normal(jax.random.fold_in(ctx.key, 1), (length, width), jnp.float32)
+    return measures.stack_layers(ctx.key, depth, width), x
 
 
 @PAPER.claim(
@@ -352,18 +200,16 @@ def _stack_input(ctx: Context, length: int, width: int) -> jax.Array:
     "reported, with a contrast stack (A = -0.5, violating A_t + dt_t <= 1).",
 )
 def oversmoothing_diameter(ctx: Context) -> Outcome:
-    depth, length, width = ctx.size((8, 32, 8), (24, 128, 16))
-    layers = measures.stack_layers(ctx.key, depth, width)
-    x = _stack_input(ctx, length, width)
+    layers, x = _stack(ctx)
     runs = {a: measures.ssm_stack(x, layers, a) for a in (2.0, 0.5)}
     ranges = {a: r["xs"].max(axis=1) - r["xs"].min(axis=1) for a, r in runs.items()}  # [K+1, D]
     growth = {a: float(np.max(rg[1:] / rg[:-1])) for a, rg in ranges.items()}
     cond = runs[2.0]
     conditions_met = max(cond["max_a_plus_dt"]) <= 1.0 and min(cond["min_a"]) >= 0.0
-    curves = {a: _smoothing_curves(r["xs"]) for a, r in runs.items()}
+    curves = {a: measures.smoothing_curves(r["xs"]) for a, r in runs.items()}
     holds = conditions_met and growth[2.0] <= 1.0 + 1e-6
     path = ctx.figure()
-    _plot_smoothing(path, {_a_label(a): c for a, c in curves.items()}, "over-smoothing")
+    figures.smoothing(path, {_a_label(a): c for a, c in curves.items()}, "over-smoothing")
     return Outcome(
         measured=dict(
             max_a_plus_dt=max(cond["max_a_plus_dt"]),
@@ -402,12 +248,11 @@ def oversmoothing_diameter(ctx: Context) -> Outcome:
     "An exact zero transition (A = -inf) and the 1-channel (A = 0) are reported for contrast.",
 )
 def polar_zero_channel_distinct(ctx: Context) -> Outcome:
-    depth, length, width = ctx.size((8, 32, 8), (24, 128, 16))
-    layers = measures.stack_layers(ctx.key, depth, width)
-    x = _stack_input(ctx, length, width)
+    layers, x = _stack(ctx)
     decays = (100.0, 1.0, 0.0, math.inf)  # 0-channel, learnable at init, 1-channel, exact 0
     curves = {
-        a: _smoothing_curves(measures.ssm_stack(x, layers, a, rescale=True)["xs"]) for a in decays
+        a: measures.smoothing_curves(measures.ssm_stack(x, layers, a, rescale=True)["xs"])
+        for a in decays
     }
     kept = {
         a: float(c["relative_dirichlet_energy"][-1] / c["relative_dirichlet_energy"][0])
@@ -415,11 +260,11 @@ def polar_zero_channel_distinct(ctx: Context) -> Outcome:
     }
     holds = kept[100.0] >= 0.5 and kept[100.0] > kept[1.0]
     path = ctx.figure()
-    _plot_smoothing(path, {_a_label(a): c for a, c in curves.items()}, "polarized channels")
+    figures.smoothing(path, {_a_label(a): c for a, c in curves.items()}, "polarized channels")
     return Outcome(
         measured=dict(
             relative_dirichlet_energy_kept={_a_label(a): v for a, v in kept.items()},
-            depth=depth,
+            depth=len(layers),
         ),
         expected=dict(kept_zero_channel=">= 0.5 and > kept with A = -1"),
         verdict=verdict(holds),
@@ -430,15 +275,3 @@ def polar_zero_channel_distinct(ctx: Context) -> Outcome:
 def _a_label(a: float) -> str:
     """`"A = -a"` for a decay rate `a >= 0` (`"A = 0"` for the 1-channel)."""
     return "A = 0" if a == 0 else f"A = -{a:g}"
-
-
-def _plot_smoothing(path, curves, title):
-    fig = Figure(figsize=(12, 4), layout="constrained")
-    axes = fig.subplots(1, 3)
-    keys = ("linf_diameter", "average_pairwise_distance", "relative_dirichlet_energy")
-    for ax, key in zip(axes, keys, strict=True):
-        for label, c in curves.items():
-            ax.semilogy(np.arange(len(c[key])), c[key], ".-", label=label)
-        ax.set(xlabel="layer", ylabel=key.replace("_", " "), title=title)
-    axes[0].legend(fontsize=8)
-    fig.savefig(path, dpi=100)

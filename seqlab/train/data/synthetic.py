@@ -11,6 +11,8 @@ step without sharing any state. `stream` separates training (0) from evaluation 
 
 import numpy as np
 
+from seqlab.ops.checks import check_positive_int
+
 IGNORE = -100
 
 
@@ -24,8 +26,7 @@ def batch_rng(seed: int, stream: int, step: int) -> np.random.Generator:
 
 def _check_positive(**sizes) -> None:
     for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_positive_int(name, value)
 
 
 def _distinct(rng: np.random.Generator, batch_size: int, low: int, high: int, k: int):

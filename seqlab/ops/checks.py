@@ -1,7 +1,8 @@
-"""Argument validation shared by the ops: every error names the argument and what was expected.
+"""Argument checks shared by the library: every error names the argument and what was expected.
 
 Checks run on static shapes and dtypes only, so they cost nothing under `jit` and fire before any
-heavy work is traced.
+heavy work is traced. `accumulation_dtype` is the one rule for the dtype of states, gates, solves
+and exponentials (DESIGN.md section 2).
 """
 
 from collections.abc import Sequence
@@ -41,3 +42,12 @@ def check_positive_int(name: str, value) -> None:
     """Raise `ValueError` unless `value` is a positive Python int."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def accumulation_dtype(*xs) -> jnp.dtype:
+    """float32, or float64 when an input is float64: the dtype of states, gates and solves.
+
+    `xs` are arrays or dtypes; `None` entries (absent optional arguments) are skipped.
+    """
+    present = [jnp.result_type(x) for x in xs if x is not None]
+    return jnp.promote_types(jnp.result_type(*present), jnp.float32)

@@ -1,5 +1,6 @@
-"""Helpers of the token-dynamics claims: 1-D fields, the quantities derived from the 1-D ODE, and
-a 2-D field read from a real sign-constrained `Mamba`.
+"""Measurements behind the token-dynamics claims: interaction matrices and their spectra, 1-D
+fields and the quantities derived from the 1-D ODE, a 2-D field read from a real sign-constrained
+`Mamba`, and the residual stack whose depth limit is the ODE.
 
 Token 1 evolves on its own (causal cascade): with `D = 1`, `M = mu`, `S_delta = s`, no bias,
 
@@ -24,6 +25,90 @@ from scipy import integrate as sci_integrate
 from seqlab.dynamics import mamba_ode
 from seqlab.modules.mamba import Mamba
 from seqlab.ops.selective_scan import selective_scan
+
+# Relative to ||M||_2: float32 products of N terms round at ~1e-7 relative, so eigenvalues and
+# singular values below 1e-5 ||M||_2 are zero up to rounding.
+REL_TOL = 1e-5
+# Save times: log-spaced, so the late-time checks see several decades.
+SAVES = 41
+
+
+def interaction_matrices(model: Mamba, key: jax.Array, count: int) -> np.ndarray:
+    """`M = S_C^T S_B` of `count` independent random inits of `model`: `[count, d_inner, d_inner]`.
+
+    Initializing through `interaction_matrix` creates the parameters it reads (x_proj and the
+    lambda scales) with the module's initializers, without the unrelated projections. One compiled
+    init called per key (compiling a vmapped init costs more than the calls at these sizes).
+    """
+
+    @jax.jit
+    def one(k):
+        params = model.init(k, method="interaction_matrix")
+        return model.apply(params, method="interaction_matrix")
+
+    return np.stack([np.asarray(one(k)) for k in jax.random.split(key, count)])
+
+
+def spectrum_summary(ms: np.ndarray) -> dict[str, np.ndarray]:
+    """Per matrix `[count, d, d]`: eigenvalues of the symmetric part scaled by `||M||_2`, the
+    numerical rank, and the relative asymmetry `||M - M^T||_F / ||M||_F`."""
+    ms = ms.astype(np.float64)
+    sym = (ms + np.swapaxes(ms, 1, 2)) / 2
+    singular = np.linalg.svd(ms, compute_uv=False)  # [count, d], descending
+    norm = singular[:, :1]
+    return dict(
+        eig=np.linalg.eigvalsh(sym) / norm,  # [count, d], ascending
+        rank=np.sum(singular > REL_TOL * norm, axis=1),
+        asymmetry=np.linalg.norm(ms - np.swapaxes(ms, 1, 2), axis=(1, 2))
+        / np.linalg.norm(ms, axis=(1, 2)),
+    )
+
+
+def save_times(t1: float) -> np.ndarray:
+    """`[SAVES]` float32 times log-spaced from `1e-3` to `t1`."""
+    return np.geomspace(1e-3, t1, SAVES).astype(np.float32)
+
+
+def one_d_draws(key: jax.Array, trials: int, length: int, sign: float):
+    """`trials` draws of `(mu, s, a, x0: [L])` with `|mu|, s, a ~ U[0.5, 2]`, `mu = sign * |mu|`
+    and `|x0| ~ U[0.5, 1.5]` with random signs."""
+    k = jax.random.split(key, 5)
+    u = lambda kk, shape: np.asarray(jax.random.uniform(kk, shape, minval=0.5, maxval=2.0))  # noqa: E731
+    mu, s, a = sign * u(k[0], (trials,)), u(k[1], (trials,)), u(k[2], (trials,))
+    mag = np.asarray(jax.random.uniform(k[3], (trials, length), minval=0.5, maxval=1.5))
+    signs = np.where(np.asarray(jax.random.bernoulli(k[4], 0.5, (trials, length))), 1.0, -1.0)
+    return mu, s, a, (mag * signs).astype(np.float32)
+
+
+def solve_1d(mu, s, a, x0, t1, max_norm=30.0) -> dict:
+    """Integrate the 1-D field `(mu, s, a)` from tokens `x0: [L]` to `t1` (saves `save_times`,
+    stop at `|x| >= max_norm`): `{"ts": [S], "xs": [S, L]` (float64), `"t_end"`, `"blew_up"`,
+    `"ok"}`."""
+    traj = mamba_ode.integrate(
+        jnp.asarray(x0, jnp.float32)[:, None],
+        one_d_field(mu, s, a),
+        t1=t1,
+        ts=save_times(t1),
+        max_norm=max_norm,
+    )
+    return dict(
+        ts=np.asarray(traj.ts, np.float64),
+        xs=np.asarray(traj.xs[:, :, 0], np.float64),  # [S, L]
+        t_end=float(traj.t_end),
+        blew_up=bool(traj.blew_up),
+        ok=bool(traj.ok),
+    )
+
+
+def classify(traj_xs: np.ndarray, blew_up: bool) -> str:
+    """'diverges' (blow-up, or every token's norm x10), 'converges' (every norm /10), 'neither'."""
+    norms = np.linalg.norm(traj_xs, axis=-1)  # [S, L]
+    first, last = norms[0], norms[np.isfinite(norms).all(1)][-1]
+    if blew_up or np.all(last >= 10 * first):
+        return "diverges"
+    if np.all(last <= first / 10):
+        return "converges"
+    return "neither"
 
 
 def one_d_field(mu: float, s: float, a: float) -> mamba_ode.Field:
