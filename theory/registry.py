@@ -1,9 +1,11 @@
 """The claim registry: papers declare claims, the runner finds the papers listed in `PAPERS`.
 
 A paper package `theory/<name>/` has a `claims.py` that defines `PAPER = Paper(name, title)` and
-decorates its measuring functions with `@PAPER.claim(id, statement)`. A claim is a function of a
-`Context` (size, PRNG key, where to put figures) returning an `Outcome`: what was measured, what the
-paper predicts, the verdict computed from the measurement, and the figures it drew. To add a paper,
+decorates its measuring functions with `@PAPER.claim(id, statement, kind=...)`. A claim is a
+function of a `Context` (size, PRNG key, where to put figures) returning an `Outcome`: what was
+measured, what the paper predicts, a one-line summary of the measurement against its threshold,
+the verdict computed from the measurement, and the figures it drew. Its `kind` says what a verdict
+is evidence of (`KINDS`); only `"paper"` claims are evidence about the paper. To add a paper,
 write its package and append its name to `PAPERS`.
 """
 
@@ -26,6 +28,13 @@ PAPERS = (
 )
 
 VERDICTS = ("holds", "fails", "inconclusive")
+
+# What a claim's verdict is evidence of, in the order the report shows them.
+KINDS = {
+    "paper": "a result the paper states",
+    "consistency": "seqlab's numerics agree with an independent computation",
+    "construction": "true by how seqlab builds the object",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,16 +59,23 @@ class Context:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """A claim's result: JSON-able `measured`/`expected` dicts, a verdict, figure paths."""
+    """A claim's result: JSON-able `measured`/`expected` dicts, a verdict, figure paths.
+
+    `summary` is one line for a reader: the deciding numbers against the claim's threshold (say
+    "slope 0.31 (holds iff >= 0.1)"), not the whole `measured` dict.
+    """
 
     measured: dict[str, Any]
     expected: dict[str, Any]
     verdict: str
+    summary: str
     figures: tuple[pathlib.Path, ...] = ()
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {list(VERDICTS)}, got {self.verdict!r}")
+        if not self.summary or "\n" in self.summary:
+            raise ValueError(f"summary must be one non-empty line, got {self.summary!r}")
 
 
 def verdict(holds: bool, *, decidable: bool = True) -> str:
@@ -73,6 +89,7 @@ def verdict(holds: bool, *, decidable: bool = True) -> str:
 class Claim:
     id: str
     paper: str
+    kind: str
     statement: str
     measure: Callable[[Context], Outcome]
 
@@ -85,13 +102,19 @@ class Paper:
         self.title = title
         self.claims: list[Claim] = []
 
-    def claim(self, id: str, statement: str):
-        """Decorator registering `fn(ctx: Context) -> Outcome` as the check of a claim."""
+    def claim(self, id: str, statement: str, *, kind: str):
+        """Decorator registering `fn(ctx: Context) -> Outcome` as the check of a claim.
+
+        `kind` is one of `KINDS`; `statement` holds the claim and its thresholds, fixed before
+        measuring.
+        """
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
 
         def register(fn: Callable[[Context], Outcome]):
             if any(c.id == id for c in self.claims):
                 raise ValueError(f"claim id {id!r} is already registered in paper {self.name!r}")
-            self.claims.append(Claim(id, self.name, statement, fn))
+            self.claims.append(Claim(id, self.name, kind, statement, fn))
             return fn
 
         return register

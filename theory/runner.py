@@ -6,9 +6,12 @@ ran, whatever its verdict; 1 when a claim raised (its record says so, and the ot
 when the command line names no claim.
 """
 
+import datetime
+import importlib.metadata
 import json
 import math
 import pathlib
+import platform
 import sys
 import time
 import traceback
@@ -22,7 +25,18 @@ from absl import flags
 
 from theory import registry
 
-FIELDS = ("id", "paper", "statement", "measured", "expected", "verdict", "seconds")
+FIELDS = (
+    "id",
+    "paper",
+    "kind",
+    "statement",
+    "summary",
+    "measured",
+    "expected",
+    "verdict",
+    "seconds",
+)
+README_DIR = pathlib.Path(__file__).parent  # holds theory/<paper>/README.md
 
 
 def to_json(value):
@@ -56,6 +70,7 @@ def run_claim(claim: registry.Claim, *, out_dir: pathlib.Path, full: bool, seed:
             measured=to_json(outcome.measured),
             expected=to_json(outcome.expected),
             verdict=outcome.verdict,
+            summary=outcome.summary,
             figures=[pathlib.Path(f).relative_to(out_dir).as_posix() for f in outcome.figures],
         )
         error = None
@@ -65,32 +80,31 @@ def run_claim(claim: registry.Claim, *, out_dir: pathlib.Path, full: bool, seed:
             measured={"error": f"{type(e).__name__}: {e}"},
             expected={},
             verdict="inconclusive",
+            summary=f"could not run: {type(e).__name__}: {e}".splitlines()[0],
             figures=[],
         )
     seconds = round(time.perf_counter() - start, 2)
-    base = dict(id=claim.id, paper=claim.paper, statement=claim.statement, seconds=seconds)
+    base = dict(id=claim.id, paper=claim.paper, kind=claim.kind, statement=claim.statement)
+    base["seconds"] = seconds
     return {**base, **record}, error
 
 
-def _short(values: dict, width: int = 60) -> str:
-    """`k=v` pairs with numbers to 3 significant digits, cut at `width` characters."""
-
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.3g}"
-        if isinstance(v, list):
-            return "[" + ", ".join(fmt(x) for x in v[:4]) + (", ...]" if len(v) > 4 else "]")
-        return str(v)
-
-    text = ", ".join(f"{k}={fmt(v)}" for k, v in values.items())
+def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def format_table(records: Sequence[dict]) -> str:
-    """A plain-text table of the records: id, paper, verdict, seconds, measured."""
-    rows = [("id", "paper", "verdict", "seconds", "measured")]
+    """A plain-text table of the records: id, paper, kind, verdict, seconds, summary."""
+    rows = [("id", "paper", "kind", "verdict", "seconds", "summary")]
     rows += [
-        (r["id"], r["paper"], r["verdict"], f"{r['seconds']:.1f}", _short(r["measured"]))
+        (
+            r["id"],
+            r["paper"],
+            r["kind"],
+            r["verdict"],
+            f"{r['seconds']:.1f}",
+            _cut(r["summary"], 70),
+        )
         for r in records
     ]
     rows.insert(1, tuple("-" * len(c) for c in rows[0]))
@@ -99,26 +113,88 @@ def format_table(records: Sequence[dict]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _by_kind(records: Sequence[dict]) -> list[tuple[str, list[dict]]]:
+    """The records grouped by kind, in the order of `registry.KINDS`, empty kinds left out."""
+    groups = [(kind, [r for r in records if r["kind"] == kind]) for kind in registry.KINDS]
+    return [(kind, rs) for kind, rs in groups if rs]
+
+
+def _verdict_table(records: Sequence[dict], *, with_paper: bool) -> list[str]:
+    head = ["claim", *(["paper"] if with_paper else []), "kind", "verdict", "measured"]
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in records:
+        cells = [f"`{r['id']}`", *([r["paper"]] if with_paper else []), r["kind"]]
+        cells += [f"**{r['verdict']}**", r["summary"].replace("|", "\\|")]
+        md.append("| " + " | ".join(cells) + " |")
+    return md
+
+
+def _counts(records: Sequence[dict]) -> str:
+    n = {v: sum(r["verdict"] == v for r in records) for v in registry.VERDICTS}
+    return ", ".join(f"{k} {v}" for k, v in n.items() if v)
+
+
 def write_report(records: Sequence[dict], out_dir: pathlib.Path, *, full: bool) -> None:
-    """Write `claims.json` (the fields of DESIGN.md 3.5) and `report.md` (table and figures)."""
+    """Write `claims.json` (the fields of DESIGN.md 3.5 and the summary) and `report.md`.
+
+    The report groups the claims by kind (the papers' results first), with a table per kind and,
+    per claim, its statement, what is expected, the measured summary and the figures; the whole
+    measurement is in `claims.json`.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     claims = [{k: r[k] for k in FIELDS} for r in records]
     (out_dir / "claims.json").write_text(json.dumps(claims, indent=2) + "\n")
 
     size = "paper size (--full)" if full else "quick size"
-    md = [f"# Claims report ({size})", "", "| claim | paper | verdict | seconds | measured |"]
-    md.append("|---|---|---|---|---|")
-    md += [
-        f"| `{r['id']}` | {r['paper']} | **{r['verdict']}** | {r['seconds']:.1f} | "
-        f"{_short(r['measured'], 120)} |"
-        for r in records
-    ]
-    for r in records:
-        md += ["", f"## `{r['id']}` ({r['paper']}): {r['verdict']}", "", r["statement"], ""]
-        md += ["Measured:", "", "```json", json.dumps(r["measured"], indent=1), "```", ""]
-        md += ["Expected:", "", "```json", json.dumps(r["expected"], indent=1), "```"]
-        md += [f"\n![{r['id']}]({f})" for f in r["figures"]]
+    md = [f"# Claims report ({size})", "", f"{len(records)} claims: {_counts(records)}."]
+    for kind, group in _by_kind(records):
+        md += ["", f"## {kind}: {registry.KINDS[kind]} ({_counts(group)})", ""]
+        md += _verdict_table(group, with_paper=True)
+    for kind, group in _by_kind(records):
+        for r in group:
+            md += [
+                "",
+                f"### `{r['id']}` ({r['paper']}, {kind}): {r['verdict']}",
+                "",
+                r["statement"],
+            ]
+            md += ["", f"Expected: `{json.dumps(r['expected'])}`", "", f"Measured: {r['summary']}"]
+            md += [f"\n![{r['id']}]({f})" for f in r["figures"]]
+    md += ["", "The whole measurement of each claim is in `claims.json`."]
     (out_dir / "report.md").write_text("\n".join(md) + "\n")
+
+
+def readme_block(records: Sequence[dict], *, full: bool, command: str) -> str:
+    """The generated verdict section of a paper's README: how it was run, and the table."""
+    versions = ", ".join(
+        f"{m} {importlib.metadata.version(m)}" for m in ("jax", "jaxlib", "numpy", "scipy")
+    )
+    size = "paper size" if full else "quick size"
+    seconds = sum(r["seconds"] for r in records)
+    md = [
+        f"Verdicts at {size}, written by `{command}` on {datetime.date.today().isoformat()} "
+        f"(Python {platform.python_version()}, {versions}; {seconds:.0f} s of claims). Every claim "
+        "is seeded from `--seed` and its id, so a run at the same package versions gives the same "
+        "verdicts on any machine.",
+        "",
+        *_verdict_table(records, with_paper=False),
+    ]
+    return "\n".join(md)
+
+
+def write_readme(path: pathlib.Path, records: Sequence[dict], *, full: bool, command: str) -> None:
+    """Replace the README's `<!-- verdicts quick|full -->` block (appended when it has none)."""
+    size = "full" if full else "quick"
+    begin, end = f"<!-- verdicts {size}: generated, do not edit -->", f"<!-- /verdicts {size} -->"
+    block = f"{begin}\n{readme_block(records, full=full, command=command)}\n{end}"
+    text = path.read_text()
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        title = "paper size (`--full`)" if full else "quick size"
+        text = text.rstrip("\n") + f"\n\n## Verdicts at {title}\n\n{block}\n"
+    path.write_text(text)
 
 
 def run(
@@ -128,8 +204,14 @@ def run(
     full: bool = False,
     only: Sequence[str] = (),
     seed: int = 0,
+    readmes: pathlib.Path | None = None,
+    command: str = "python -m theory --readme",
 ) -> int:
-    """Run the selected claims of `papers`, write the report, print the table; the exit status."""
+    """Run the selected claims of `papers`, write the report, print the table; the exit status.
+
+    With `readmes` (a folder holding `<paper>/README.md`), also write the verdict block of the
+    README of every paper whose claims all ran (none raised), crediting `command`.
+    """
     try:
         claims = registry.select(papers, only)
     except ValueError as e:
@@ -148,6 +230,19 @@ def run(
     write_report(records, out_dir, full=full)
     print(format_table(records))
     print(f"wrote {out_dir / 'claims.json'} and {out_dir / 'report.md'}")
+    if readmes is not None:
+        for paper in papers:
+            ids = [c.id for c in paper.claims]
+            ran = [r for r in records if r["paper"] == paper.name]
+            if [r["id"] for r in ran] != ids or any(i in errors for i in ids):
+                print(
+                    f"not writing the README of {paper.name}: not all its claims ran",
+                    file=sys.stderr,
+                )
+                continue
+            path = pathlib.Path(readmes) / paper.name / "README.md"
+            write_readme(path, ran, full=full, command=command)
+            print(f"wrote the verdicts of {path}")
     if errors:
         print(f"error: claims that could not run: {errors}", file=sys.stderr)
         return 1
@@ -157,8 +252,8 @@ def run(
 def main_for(papers: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS):
     """An `absl.app` main running the papers named `papers`.
 
-    Defines the flags `--out`, `--full`, `--only`, `--seed` in `flag_values` on first use (not at
-    import, so that importing the runner adds no flags to another program).
+    Defines the flags `--out`, `--full`, `--only`, `--seed`, `--readme` in `flag_values` on first
+    use (not at import, so that importing the runner adds no flags to another program).
     """
     if "only" not in flag_values:
         flags.DEFINE_string(
@@ -176,12 +271,30 @@ def main_for(papers: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS)
         flags.DEFINE_integer(
             "seed", 0, "Base seed; each claim folds in a hash of its id.", flag_values=flag_values
         )
+        flags.DEFINE_bool(
+            "readme",
+            False,
+            "Also write the verdicts into theory/<paper>/README.md of each paper that ran whole.",
+            flag_values=flag_values,
+        )
 
     def main(argv):
         if len(argv) > 1:
             print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
             return 2
         f = flag_values
-        return run(registry.load_papers(papers), out=f.out, full=f.full, only=f.only, seed=f.seed)
+        module = "theory" if len(papers) > 1 else f"theory.{papers[0]}"
+        command = " ".join(
+            [f"python -m {module} --readme", *(["--full"] if f.full else []), f"--seed {f.seed}"]
+        )
+        return run(
+            registry.load_papers(papers),
+            out=f.out,
+            full=f.full,
+            only=f.only,
+            seed=f.seed,
+            readmes=README_DIR if f.readme else None,
+            command=command,
+        )
 
     return main

@@ -14,14 +14,15 @@ from matplotlib.figure import Figure
 from theory import registry, runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-FIELDS = {"id", "paper", "statement", "measured", "expected", "verdict", "seconds"}
+FIELDS = set(runner.FIELDS)
+assert {"id", "paper", "kind", "statement", "measured", "expected", "verdict", "seconds"} <= FIELDS
 
 
 def _toy_paper() -> registry.Paper:
     """A paper whose claims hold, fail, and raise, measured from their context."""
     paper = registry.Paper("toy", "A toy paper")
 
-    @paper.claim("toy_holds", "A uniform draw lies in [0, 1).")
+    @paper.claim("toy_holds", "A uniform draw lies in [0, 1).", kind="paper")
     def holds(ctx):
         value = float(np.random.default_rng(ctx.size(1, 2)).uniform())
         path = ctx.figure()
@@ -32,14 +33,15 @@ def _toy_paper() -> registry.Paper:
             measured={"value": np.float32(value), "draws": np.arange(2)},
             expected={"range": [0, 1]},
             verdict=registry.verdict(0 <= value < 1),
+            summary=f"draw {value:.3g} (holds iff in [0, 1))",
             figures=(path,),
         )
 
-    @paper.claim("toy_fails", "One equals two.")
+    @paper.claim("toy_fails", "One equals two.", kind="construction")
     def fails(ctx):
-        return registry.Outcome({"lhs": 1}, {"rhs": 2}, registry.verdict(1 == 2))
+        return registry.Outcome({"lhs": 1}, {"rhs": 2}, registry.verdict(1 == 2), "1 | 2")
 
-    @paper.claim("toy_raises", "This claim cannot run.")
+    @paper.claim("toy_raises", "This claim cannot run.", kind="consistency")
     def raises(ctx):
         raise RuntimeError("no such device")
 
@@ -62,9 +64,15 @@ def test_a_failed_claim_is_a_finding_not_an_error(tmp_path, capsys):
         "draws": [0, 1],
     }
     assert (tmp_path / "figures" / "toy_holds.png").is_file()
+    assert [r["kind"] for r in records] == ["paper", "construction"]
+    assert records[0]["summary"].startswith("draw ")
     report = (tmp_path / "report.md").read_text()
     assert "![toy_holds](figures/toy_holds.png)" in report
     assert "**fails**" in report
+    # Grouped by kind, the papers' results first; per claim its statement, expectation, summary.
+    assert report.index("## paper: a result") < report.index("## construction: true by")
+    assert "One equals two." in report and 'Expected: `{"rhs": 2}`' in report
+    assert "| toy | construction | **fails** | 1 \\| 2 |" in report  # "|" cannot break the table
     table = capsys.readouterr().out
     assert "toy_fails" in table and "fails" in table
 
@@ -89,12 +97,18 @@ def test_only_selects_by_paper_and_id_and_rejects_unknown_names(tmp_path, capsys
     assert not (tmp_path / "claims.json").exists()
 
 
-def test_registry_rejects_bad_verdicts_and_duplicate_ids():
+def test_registry_rejects_bad_verdicts_kinds_summaries_and_duplicate_ids():
     with pytest.raises(ValueError, match="verdict must be one of"):
-        registry.Outcome({}, {}, "probably")
+        registry.Outcome({}, {}, "probably", "x")
+    with pytest.raises(ValueError, match="summary must be one non-empty line"):
+        registry.Outcome({}, {}, "holds", "two\nlines")
+    with pytest.raises(ValueError, match="summary must be one non-empty line"):
+        registry.Outcome({}, {}, "holds", "")
     paper = _toy_paper()
+    with pytest.raises(ValueError, match="kind must be one of"):
+        paper.claim("toy_new", "A claim.", kind="folklore")
     with pytest.raises(ValueError, match="already registered"):
-        paper.claim("toy_fails", "again")(lambda ctx: None)
+        paper.claim("toy_fails", "again", kind="paper")(lambda ctx: None)
     assert registry.verdict(True, decidable=False) == "inconclusive"
 
 
@@ -103,6 +117,60 @@ def test_every_listed_paper_registers_claims():
     assert [p.name for p in papers] == list(registry.PAPERS)
     assert all(p.claims for p in papers)
     registry.select(papers)  # ids are unique across papers
+
+
+def test_readme_verdicts_are_written_from_the_run(tmp_path):
+    (tmp_path / "toy").mkdir()
+    readme = tmp_path / "toy" / "README.md"
+    readme.write_text("# toy\n\nHow the claims are measured.\n")
+    paper = _toy_paper()
+    paper.claims.pop()  # toy_raises: a paper with a raising claim gets no README (below)
+    kw = dict(out=tmp_path / "report", readmes=tmp_path, command="python -m toy --readme")
+    assert runner.run([paper], **kw) == 0
+    text = readme.read_text()
+    assert text.startswith("# toy\n\nHow the claims are measured.\n\n## Verdicts at quick size")
+    assert "written by `python -m toy --readme`" in text
+    assert "| `toy_holds` | paper | **holds** | draw " in text
+    assert "| `toy_fails` | construction | **fails** | 1 \\| 2 |" in text
+    # A second run replaces the block in place, and a full-size run adds its own block.
+    readme.write_text(text + "\nNotes after the block.\n")
+    assert runner.run([paper], **kw) == 0
+    assert runner.run([paper], full=True, **kw) == 0
+    text = readme.read_text()
+    assert text.count("<!-- verdicts quick") == 1 and text.count("<!-- verdicts full") == 1
+    assert "Notes after the block." in text
+    # Not all claims ran (--only, or one raised): the README is left as it was.
+    assert runner.run([paper], only=["toy_fails"], **kw) == 0
+    assert runner.run([_toy_paper()], **kw) == 1
+    assert readme.read_text() == text
+
+
+def test_each_papers_readme_has_a_generated_verdict_table_of_its_claims():
+    """The README's quick-size table lists the paper's claims with their kinds, as registered."""
+    for paper in registry.load_papers():
+        text = (runner.README_DIR / paper.name / "README.md").read_text()
+        begin = "<!-- verdicts quick: generated, do not edit -->"
+        assert begin in text, paper.name
+        block = text.split(begin, 1)[1].split("<!-- /verdicts quick -->", 1)[0]
+        assert (
+            f"`python -m theory.{paper.name} --readme" in block
+            or "`python -m theory --readme" in block
+        )
+        rows = [line.split(" | ")[:2] for line in block.splitlines() if line.startswith("| `")]
+        assert rows == [[f"| `{c.id}`", c.kind] for c in paper.claims], paper.name
+
+
+def test_a_claim_measures_the_same_twice_from_the_same_seed(tmp_path):
+    """The quick run is seeded: a claim's record does not depend on the run (nor on the machine)."""
+    (claim,) = registry.select(
+        registry.load_papers(["ssm_bottleneck"]), ["polar_zero_channel_forgets"]
+    )
+    first, _ = runner.run_claim(claim, out_dir=tmp_path / "a", full=False, seed=0)
+    second, _ = runner.run_claim(claim, out_dir=tmp_path / "b", full=False, seed=0)
+    drop = ("seconds",)
+    assert {k: v for k, v in first.items() if k not in drop} == {
+        k: v for k, v in second.items() if k not in drop
+    }
 
 
 def test_main_rejects_an_unknown_claim_name(tmp_path, capsys):

@@ -50,6 +50,7 @@ _SHARED = dict(n=300, d=40, s=5, count=300)
     "Every estimator is unbiased: over many seeds the mean of W approaches A^T B, with "
     "||mean W - A^T B||_F <= 4 sqrt(E||W - A^T B||_F^2 / trials) (4 standard errors of the mean) "
     "for priority and threshold sampling (coordinated and independent), JL and CountSketch.",
+    kind="paper",
 )
 def unbiased(ctx: Context) -> Outcome:
     n, d, s, k = _SHARED["n"], _SHARED["d"], _SHARED["s"], 20
@@ -70,6 +71,8 @@ def unbiased(ctx: Context) -> Outcome:
         measured=dict(relative_bias=bias, trials=count),
         expected=dict(relative_bias_at_most=allowed),
         verdict=verdict(holds),
+        summary=f"largest bias / allowed {max(bias[m] / allowed[m] for m in METHODS):.3g} over "
+        f"{len(METHODS)} estimators, {count} trials (holds iff <= 1: 4 standard errors)",
         figures=(path,),
     )
 
@@ -81,12 +84,19 @@ def variance_bound(method: str, k: int) -> float | None:
     return None if method == "threshold_indep" else 2 / k
 
 
+def _worst_over_bound(mse: dict[str, list[float]], ks) -> list[float]:
+    """Per k, the largest measured mse over its bound among the estimators that have one."""
+    bounded = [m for m in METHODS if variance_bound(m, 2) is not None]
+    return [max(mse[m][i] / variance_bound(m, k) for m in bounded) for i, k in enumerate(ks)]
+
+
 @PAPER.claim(
     "variance_bound",
     "E||W - A^T B||_F^2 <= 2/(k-1) ||A||_F^2 ||B||_F^2 for priority sampling with k rows, and "
     "<= 2/k for threshold sampling (expected k rows), JL and CountSketch (k rows): the measured "
     "mean squared relative error minus 3 standard errors is below the bound at every k. "
     "Independent threshold sampling has no such bound; its error is reported.",
+    kind="paper",
 )
 def variance_bound_claim(ctx: Context) -> Outcome:
     n, d, s = _SHARED["n"], _SHARED["d"], _SHARED["s"]
@@ -110,6 +120,9 @@ def variance_bound_claim(ctx: Context) -> Outcome:
             bound={m: [variance_bound(m, k) for k in ks] for m in METHODS if m != "threshold_indep"}
         ),
         verdict=verdict(ok),
+        summary="largest mse / bound at k = "
+        + ", ".join(f"{k}: {w:.3g}" for k, w in zip(ks, _worst_over_bound(mse, ks), strict=True))
+        + " (holds iff mse - 3 se <= bound everywhere)",
         figures=(path,),
     )
 
@@ -120,6 +133,7 @@ def variance_bound_claim(ctx: Context) -> Outcome:
     "sampling beats JL by a factor growing like sqrt(d/s) for sparse rows and not at all for "
     "dense rows: over s in {1, 5, 20, d} the ratio err_JL / err_priority decreases with s, is "
     ">= sqrt(d/(2s+1)) / 2 at s = 1, and lies in [0.5, 2] at s = d.",
+    kind="paper",
 )
 def sparsity_advantage(ctx: Context) -> Outcome:
     d, n = ctx.size((64, 500), (256, 3000))
@@ -159,6 +173,9 @@ def sparsity_advantage(ctx: Context) -> Outcome:
             rule="decreasing in s; >= half the prediction at s=1; in [0.5, 2] at s=d",
         ),
         verdict=verdict(holds),
+        summary="err_JL / err_priority at s = "
+        + ", ".join(f"{s}: {ratio[s]:.3g}" for s in sparsities)
+        + f" (holds iff decreasing, >= {predicted[1] / 2:.3g} at s = 1, in [0.5, 2] at s = d)",
         figures=(path,),
     )
 
@@ -181,6 +198,8 @@ def _storage_outcome(ctx, curves, error_name, extra=None, *, consistent=True, **
         ),
         expected=dict(priority_wins=[True] * len(wins)),
         verdict=verdict(all(wins) and consistent),
+        summary=f"priority below JL and CountSketch at {sum(wins)} of {len(wins)} storage points "
+        "(holds iff all)" + ("" if consistent else "; the claim's own consistency check failed"),
         figures=(path,),
     )
 
@@ -191,6 +210,7 @@ def _storage_outcome(ctx, curves, error_name, extra=None, *, consistent=True, **
     "shared seed: at equal storage, the least-squares coefficients computed from priority "
     "sketches are closer to those of the exact join than those from JL and CountSketch sketches "
     "(median relative coefficient error over seeds, at every storage in the grid).",
+    kind="paper",
 )
 def join_regression(ctx: Context) -> Outcome:
     features = 3
@@ -233,6 +253,7 @@ def join_regression(ctx: Context) -> Outcome:
     "indexed by key position, stored sparsely) and B = V: at equal storage, priority sampling has "
     "a lower mean relative error ||W - P V||_F / ||P V||_F than JL and CountSketch at every "
     "storage in the grid (mean over heads and seeds).",
+    kind="paper",
 )
 def attention_claim(ctx: Context) -> Outcome:
     length = ctx.size(128, 1024)

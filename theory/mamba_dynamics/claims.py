@@ -29,6 +29,7 @@ PAPER = Paper("mamba_dynamics", "Vo et al., token dynamics of selective SSMs (24
     "random init has a symmetric part with eigenvalues >= 0 for sign_constraint='pos', <= 0 for "
     "'neg' and of both signs for 'mixed' (zero meaning |eig| <= 1e-5 ||M||_2), and rank(M) <= N "
     "(singular values above 1e-5 ||M||_2) in all three.",
+    kind="construction",
 )
 def sign_constraint_spectra(ctx: Context) -> Outcome:
     d_model, d_state, inits = ctx.size((8, 4, 32), (16, 16, 256))
@@ -77,6 +78,10 @@ def sign_constraint_spectra(ctx: Context) -> Outcome:
             max_rank=f"<= N = {d_state}",
         ),
         verdict=verdict(bool(holds)),
+        summary=f"pos min eig {checks['pos_min_eig']:.2g}, neg max eig {checks['neg_max_eig']:.2g} "
+        f"(holds iff within +-{REL_TOL}); mixed of both signs "
+        f"{checks['mixed_fraction_both_signs']:.0%} (needs 100%); max rank {checks['max_rank']} "
+        f"(<= {d_state})",
         figures=(path,),
     )
 
@@ -96,6 +101,7 @@ def _one_d_setup(ctx: Context, sign: float):
     "sqrt(t) |x_l(t)| stays bounded (changes by < 5% over the last two decades of t), and "
     "sqrt(t) x_1(t) -> sign(x_1(0)) / sqrt(2 |mu| ln 2) (derived from the ODE) within 1% at "
     "t = 1e6 (quick) / 0.1% at t = 1e8 (full).",
+    kind="paper",
 )
 def convergence_1d(ctx: Context) -> Outcome:
     mu, s, a, x0 = _one_d_setup(ctx, sign=-1.0)
@@ -132,6 +138,8 @@ def convergence_1d(ctx: Context) -> Outcome:
             token1_limit_relative_error=f"<= {tol}",
         ),
         verdict=verdict(holds),
+        summary=f"max rise of |x| {max(max_rise):.2g} (<= 1e-6), sqrt(t)|x| drift {max(drift):.2g} "
+        f"(< 0.05), limit error {max(limit_err):.2g} (<= {tol:g})",
         figures=(path,),
     )
 
@@ -142,6 +150,7 @@ def convergence_1d(ctx: Context) -> Outcome:
     "its own) blows up at the time T* = int_{x_1(0)}^{inf} dx / (mu x^3 softplus(s x)) derived "
     "from the ODE: the integrator's stop at |x_1| >= 30 is within 1e-3 of T*, and the whole "
     "system blows up no later (within 1e-3).",
+    kind="paper",
 )
 def fast_divergence_blowup(ctx: Context) -> Outcome:
     mu, s, a, x0 = _one_d_setup(ctx, sign=1.0)
@@ -172,6 +181,8 @@ def fast_divergence_blowup(ctx: Context) -> Outcome:
             relative_error="<= 1e-3 (T* - t(|x|=30) is ~1e-4 T*; the crossing step overshoots)",
         ),
         verdict=verdict(holds),
+        summary=f"token-1 blow-up time within {max(rel_err):.2g} of T* (holds iff <= 1e-3); system "
+        f"no later in {sum(system_first)}/{len(system_first)} trials (needs all)",
         figures=(path,),
     )
 
@@ -183,6 +194,7 @@ def fast_divergence_blowup(ctx: Context) -> Outcome:
     "(1e-3 relative); |x_l| grows at most like (ln t)^l (fitted exponent of |x_l| against ln t "
     "over the last two decades <= l); and later tokens are larger: |x_1| < ... < |x_L| at the "
     "final time.",
+    kind="paper",
 )
 def slow_divergence(ctx: Context) -> Outcome:
     mu, s, a, x0 = _one_d_setup(ctx, sign=1.0)
@@ -228,6 +240,9 @@ def slow_divergence(ctx: Context) -> Outcome:
             later_tokens_larger_per_trial=True,
         ),
         verdict=verdict(holds),
+        summary=f"no blow-up {no_blowup}; quadrature error {np.nanmax(t_err):.2g} (<= 1e-3); "
+        f"exponents <= l {within}; ordered |x_1| < .. < |x_L| in {sum(ordered)}/{len(ordered)} "
+        "trials (needs all)",
         figures=(path,),
     )
 
@@ -239,6 +254,7 @@ def slow_divergence(ctx: Context) -> Outcome:
     "(sign_constraint='pos') every token diverges (blow-up or norm x10 by t = 1e6), with both "
     "negative ('neg') every token converges (norm /10); the indefinite case ('mixed') is reported "
     "as measured (fractions of initial conditions).",
+    kind="paper",
 )
 def two_d_definite(ctx: Context) -> Outcome:
     inits, length = ctx.size((3, 4), (16, 8))
@@ -267,6 +283,8 @@ def two_d_definite(ctx: Context) -> Outcome:
         measured=outcomes,
         expected=dict(pos={"diverges": 1.0}, neg={"converges": 1.0}, mixed="reported"),
         verdict=verdict(holds),
+        summary=f"pos diverges {outcomes['pos'].get('diverges', 0):.0%}, neg converges "
+        f"{outcomes['neg'].get('converges', 0):.0%} (holds iff both 100%) over {inits} inits",
         figures=(path,),
     )
 
@@ -278,6 +296,7 @@ def two_d_definite(ctx: Context) -> Outcome:
     "A^d = -a_d I, no skip or gate) approaches the integrated ODE at t = n tau = 1 with error "
     "O(tau): "
     "halving tau halves the error (ratio in [1.7, 2.3]) for tau = 1/8 .. 1/64.",
+    kind="consistency",
 )
 def depth_limit(ctx: Context) -> Outcome:
     d_model, length, t1 = ctx.size((2, 6, 1.0), (4, 16, 1.0))
@@ -305,5 +324,9 @@ def depth_limit(ctx: Context) -> Outcome:
         ),
         expected=dict(halving_ratios="in [1.7, 2.3] (first order)"),
         verdict=verdict(holds, decidable=finite),
+        summary="error ratios per halving of tau "
+        + ", ".join(f"{r:.3g}" for r in ratios)
+        + " (holds iff all in [1.7, 2.3])"
+        + ("" if finite else "; the ODE blew up before t = 1: undecided"),
         figures=(path,),
     )

@@ -41,6 +41,7 @@ GROWTH_RTOL = 0.01  # relative error allowed between a fitted and a predicted gr
     "from the uniform state at the linearized mean-field rate lambda_k = k^2 I_k(beta) / beta "
     "(USA) and lambda_k / I_0(beta) (SA): the fitted exponential growth rate of the mode "
     "amplitude |mean_j exp(i k theta_j)| is within 1% of lambda_k for every k = 1..K, SA and USA.",
+    kind="paper",
 )
 def growth_rates_circle(ctx: Context, size=None) -> Outcome:
     n, beta, top = size or ctx.size((64, 4.0, 6), (256, 16.0, 12))
@@ -90,6 +91,9 @@ def _growth_outcome(ctx: Context, n, beta, ks, fit, *, d: int, where: str) -> Ou
             tolerance=f"relative error <= {GROWTH_RTOL}",
         ),
         verdict=verdict(holds),
+        summary=f"largest relative error of the fitted rates: SA {rel_err['sa'].max():.2g}, USA "
+        f"{rel_err['usa'].max():.2g} (holds iff <= {GROWTH_RTOL:g})"
+        + (f"; fastest mode {fastest} (predicted {expected_fastest})" if d == 3 else ""),
         figures=(path,),
     )
 
@@ -101,6 +105,7 @@ def _growth_outcome(ctx: Context, n, beta, ks, fit, *, d: int, where: str) -> Ou
     "beta^(-1/2) sqrt(2) Gamma(3/2) I_(1/2)(beta)): the linear response of a Fibonacci lattice to "
     "a small zonal perturbation P_k(z) grows at a fitted rate within 1% of lambda_k for every "
     "k = 1..K, SA and USA, and the fastest is dominant_mode(beta, 3).",
+    kind="paper",
 )
 def growth_rates_sphere(ctx: Context, size=None) -> Outcome:
     n, beta, top = size or ctx.size((400, 4.0, 4), (1000, 9.0, 6))
@@ -127,6 +132,7 @@ def growth_rates_sphere(ctx: Context, size=None) -> Outcome:
     "From equally spaced particles perturbed by every Fourier mode at the same small amplitude, "
     "the mode that grows fastest is k* = dominant_mode(beta, 2) and the particles form k* "
     "clusters (SA): for every beta of the range, the first metastable cluster count equals k*.",
+    kind="paper",
 )
 def dominant_mode_count(ctx: Context, size=None) -> Outcome:
     n, betas = size or ctx.size(
@@ -180,6 +186,8 @@ def dominant_mode_count(ctx: Context, size=None) -> Outcome:
             f"1 / lambda_k*, window {horizon}, metastable = held >= {PERSIST}",
         ),
         verdict=verdict(holds),
+        summary=f"cluster counts {measured_count.tolist()} against dominant_mode "
+        f"{predicted.tolist()} for beta {betas.tolist()} (holds iff equal at every beta)",
         figures=(path,),
     )
 
@@ -189,6 +197,7 @@ def dominant_mode_count(ctx: Context, size=None) -> Outcome:
     "From iid uniform particles on the circle (SA), the number of clusters that form is random; "
     "the predicted count dominant_mode(beta, 2) is the most frequent first metastable count over "
     "many runs, though far from certain (the paper: about half to three quarters of the runs).",
+    kind="consistency",
 )
 def random_start_frequency(ctx: Context, size=None) -> Outcome:
     n, runs, beta = size or ctx.size((128, 128, 9.0), (256, 512, 9.0))
@@ -219,6 +228,8 @@ def random_start_frequency(ctx: Context, size=None) -> Outcome:
             formation_time_scale=f"ln(n) / 2 = {np.log(n) / 2:.2f} (units of 1 / lambda_k*)",
         ),
         verdict=verdict(most == predicted, decidable=bool(np.any(outcome > 0))),
+        summary=f"most frequent first count {most}, predicted {predicted} (holds iff equal); "
+        f"predicted in {frequency:.0%} of {runs} runs",
         figures=(path,),
     )
 
@@ -229,6 +240,7 @@ def random_start_frequency(ctx: Context, size=None) -> Outcome:
     "then merge: over the runs, the median time the first metastable count holds is at least 3 "
     "times the median formation time, and at least half of the runs end the window with fewer "
     "clusters than they formed.",
+    kind="paper",
 )
 def metastable_then_merge(ctx: Context, size=None) -> Outcome:
     n, runs, beta = size or ctx.size((64, 16, 9.0), (128, 64, 9.0))
@@ -261,6 +273,12 @@ def metastable_then_merge(ctx: Context, size=None) -> Outcome:
             fraction_merged=f">= 0.5 within the window of {horizon:g}",
         ),
         verdict=verdict(holds, decidable=bool(found) and (not persistent or merged.mean() >= 0.5)),
+        summary=(
+            f"median held / formation time {np.median(held) / np.median(formed):.3g} (holds iff "
+            f">= 3), merged in {merged.mean():.0%} of runs (>= 50%)"
+            if found
+            else f"no run of {runs} formed a metastable state: undecided"
+        ),
         figures=(path,),
     )
 
@@ -271,6 +289,7 @@ def metastable_then_merge(ctx: Context, size=None) -> Outcome:
     "along an integrated trajectory from iid uniform starts the energy never decreases from one "
     "RK4 step to the next by more than that step's integrator error (step h against two steps "
     "h/2) plus float64 rounding.",
+    kind="consistency",
 )
 def usa_energy_monotone(ctx: Context, size=None) -> Outcome:
     n, beta = size or ctx.size((64, 9.0), (256, 9.0))
@@ -316,5 +335,8 @@ def usa_energy_monotone(ctx: Context, size=None) -> Outcome:
             dE_dt="(1/n) sum_i |dx_i/dt|^2 >= 0",
         ),
         verdict=verdict(holds),
+        summary=f"{int(np.sum(increments < 0))} of {steps} steps decrease E, the worst by "
+        f"{max(-increments.min(), 0.0):.2g} (holds iff each within its step error, at most "
+        f"{step_error.max():.2g}, plus rounding)",
         figures=(path,),
     )

@@ -62,6 +62,7 @@ def _is_trained(tr: train.Trained, loss: float) -> bool:
     "[0, 1] (relative slope >= 0.1), fails otherwise; inconclusive when the model did not train "
     "(loss > 0.5 log V). The same on a fine grid of t, at initialization, and for W_V W_O and "
     "W_1 W_2 is reported.",
+    kind="paper",
 )
 def qk_eigenvalue_trend(ctx: Context) -> Outcome:
     tr = _trained(ctx)
@@ -102,6 +103,9 @@ def qk_eigenvalue_trend(ctx: Context) -> Outcome:
             trained_qk_mean_abs_relative_slope=f">= {RISE} (the paper: magnitudes increase with t)"
         ),
         verdict=verdict(holds, decidable=_is_trained(tr, loss)),
+        summary=f"relative slope of mean |lambda(W_Q W_K^T)| at the Euler depths "
+        f"{qk['mean_abs_relative_slope']:.3g} (holds iff >= {RISE}); eval loss {loss:.3g} "
+        f"(trained iff <= {0.5 * tr.uniform_loss:.3g})",
         figures=(path,),
     )
 
@@ -120,6 +124,7 @@ def qk_eigenvalue_trend(ctx: Context) -> Outcome:
     "float32). Holds iff at eps = 1e-3 every probe is within 0.02 and the error fell from "
     "eps = 1e-2 to 1e-3 by at least 3x (or is below 1e-3): the linear regime, where the error "
     "is first order in eps.",
+    kind="consistency",
 )
 def lyapunov_matches_finite_difference(ctx: Context) -> Outcome:
     tr, x0 = _trained_with_sequence(ctx)
@@ -167,6 +172,9 @@ def lyapunov_matches_finite_difference(ctx: Context) -> Outcome:
             max_qr_vs_svd_volume_gap="0 (sum of QR = sum of SVD exponents)",
         ),
         verdict=verdict(converged and first_order),
+        summary=f"largest error at eps = 1e-3: {max(float(e[-1]) for e in errors.values()):.2g} "
+        f"(holds iff <= {FD_TOLERANCE}), first order in eps {first_order}; top exponents "
+        f"{float(lam[:, 0].min()):.2g}..{float(lam[:, 0].max()):.2g}",
         figures=(path,),
     )
 
@@ -181,6 +189,7 @@ def lyapunov_matches_finite_difference(ctx: Context) -> Outcome:
     "fine-tuning at the new step count for a few steps recovers it: the loss is back within 2% "
     "of that gap above the N-step loss. Inconclusive when the N-step model did not train "
     "(loss > 0.5 log V). A control fine-tuned at N for as many steps is reported.",
+    kind="paper",
 )
 def step_count_transfer(ctx: Context) -> Outcome:
     ft_steps = ctx.size(50, 200)
@@ -220,5 +229,10 @@ def step_count_transfer(ctx: Context) -> Outcome:
             after_finetune_over_gap=f"<= {RECOVER}",
         ),
         verdict=verdict(holds, decidable=_is_trained(tr, before[n])),
+        summary="rise / gap at N/2, 2N: "
+        + ", ".join(f"{v:.3g}" for v in rise.values())
+        + f" (holds iff < {LITTLE}); after fine-tuning: "
+        + ", ".join(f"{v:.3g}" for v in recovered.values())
+        + f" (<= {RECOVER})",
         figures=(path,),
     )

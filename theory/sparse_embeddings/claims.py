@@ -38,6 +38,7 @@ PAPER = Paper("sparse_embeddings", "Silwal et al., dimensionality reduction of s
     "fraction >= bound - 3 binomial standard errors at every m/s^2 in the grid, and >= 0.99 - 3 se "
     "at m = birthday_dimension(s, 0.01) = 50 s(s-1). The fraction depends on m/s^2 alone (the "
     "curves for different s coincide within 0.05), the O(s^2) scaling of the birthday paradox.",
+    kind="paper",
 )
 def birthday_exact_fraction(ctx: Context) -> Outcome:
     sparsities = ctx.size((4, 8), (4, 8, 16, 32))
@@ -79,6 +80,9 @@ def birthday_exact_fraction(ctx: Context) -> Outcome:
             vectors_per_point=n,
         ),
         verdict=verdict(holds),
+        summary=f"worst margin over the bound - 3 se {worst_margin:.3g} (holds iff >= 0); exact at "
+        f"m = 50 s(s-1): {min(r['fraction'] for r in at_dim):.1%} (>= 99% - 3 se); spread across s "
+        f"{spread:.3g} (<= 0.05)",
         figures=(path,),
     )
 
@@ -90,6 +94,7 @@ def birthday_exact_fraction(ctx: Context) -> Outcome:
     "whose support the hash is injective. (Single norms can survive a collision by coincidence: "
     "l_1 when the colliding signed values share a sign, l_inf when the collision avoids the "
     "largest entry; the counts are reported.)",
+    kind="construction",
 )
 def birthday_all_or_nothing(ctx: Context) -> Outcome:
     s, n, d = 8, ctx.size(2000, 20000), 10**6
@@ -113,6 +118,8 @@ def birthday_all_or_nothing(ctx: Context) -> Outcome:
         ),
         expected=dict(all_p_exact_iff_injective=True, tolerance=f"relative {EXACT_RTOL} (float32)"),
         verdict=verdict(holds),
+        summary=f"all-p exact on {int(all_p.sum())} of {n} vectors, injective on {int(inj.sum())} "
+        f"(holds iff the same vectors: {holds})",
     )
 
 
@@ -134,6 +141,7 @@ def _max_map(ctx: Context, linf_only: bool = False):
     "eps) (m = 4s/eps, T = 6 ln(n(n-1)s/0.01)/eps, dimension O(s log(ns)/eps^2)) never expands "
     "a pairwise distance and keeps every one at least (1 - eps) times the truth, in l_1, l_2, l_3 "
     "and l_inf with one map (estimate T^{-1/p} ||f(x) - f(y)||_p).",
+    kind="paper",
 )
 def max_map_all_p(ctx: Context) -> Outcome:
     s, n, eps, d, emb = _max_map(ctx)
@@ -155,6 +163,8 @@ def max_map_all_p(ctx: Context) -> Outcome:
         ),
         expected=dict(window=[1 - eps, 1.0], m=m, repetitions=reps, s=s, n=n, eps=eps),
         verdict=verdict(holds),
+        summary=f"distance ratios in [{lo.min():.3g}, {hi.max():.3g}] over l_1, l_2, l_3, l_inf "
+        f"(holds iff within [{1 - eps:g}, 1]); dimension {m * reps} for d = {d}",
         figures=(path,),
     )
 
@@ -163,6 +173,7 @@ def max_map_all_p(ctx: Context) -> Outcome:
     "max_map_linf_exact",
     "The max map with (m, T) = linf_dimension(s, n) = (4s, log2(n(n-1)/0.02)), dimension "
     "O(s log n), keeps every pairwise l_inf distance of n non-negative s-sparse vectors exactly.",
+    kind="paper",
 )
 def max_map_linf_exact(ctx: Context) -> Outcome:
     s, n, _, d, emb = _max_map(ctx, linf_only=True)
@@ -177,6 +188,8 @@ def max_map_linf_exact(ctx: Context) -> Outcome:
         measured=dict(fraction_exact=exact[-1], dimension=m * reps, fraction_by_T=exact),
         expected=dict(fraction_exact=1.0, m=m, repetitions=reps, s=s, n=n),
         verdict=verdict(exact[-1] == 1.0),
+        summary=f"l_inf distances exact on {exact[-1]:.2%} of pairs (holds iff 100%); dimension "
+        f"{m * reps} for d = {d}",
         figures=(path,),
     )
 
@@ -189,6 +202,7 @@ def max_map_linf_exact(ctx: Context) -> Outcome:
     "s-sparse vectors contracts some pair below 1 - eps (f(-e_1) = f(0)), while on the same "
     "supports with non-negative values it stays in the window. An illustration of the paper's "
     "lower bounds, not a proof of them.",
+    kind="paper",
 )
 def separations(ctx: Context) -> Outcome:
     s, n, eps, d, emb = _max_map(ctx)
@@ -216,5 +230,8 @@ def separations(ctx: Context) -> Outcome:
         ),
         expected=dict(window=[1 - eps, 1.0], linear="leaves window", signed="below 1 - eps"),
         verdict=verdict(in_window and linear_out and signed_out),
+        summary=f"max map on non-negative vectors in window {in_window}; linear map leaves it "
+        f"{linear_out} (min {r_linear.min():.3g}); max map on signed vectors min "
+        f"{r_signed.min():.3g} < {1 - eps:g}: {signed_out} (holds iff all three)",
         figures=(path,),
     )

@@ -44,6 +44,7 @@ def _polarized(ctx: Context, measure) -> tuple[Mamba, list[np.ndarray]]:
     "learnable channel it decays exponentially at rate |A_n| per unit of elapsed step size: the "
     "fitted rate is within 0.25 of 0 on the 1-channel and within 25% of |A_n| on each learnable "
     "one.",
+    kind="construction",
 )
 def one_channel_keeps(ctx: Context) -> Outcome:
     model, (infl, dt, A) = _polarized(ctx, measures.influence_and_steps)
@@ -78,6 +79,8 @@ def one_channel_keeps(ctx: Context) -> Outcome:
             tolerance="|one_channel_rate| <= 0.25; learnable within 25%",
         ),
         verdict=verdict(holds),
+        summary=f"1-channel rate {fitted[0]:.3g} (holds iff |rate| <= 0.25); learnable rates "
+        f"within {rel_err.max():.1%} of |A_n| (holds iff <= 25%)",
         figures=(path,),
     )
 
@@ -88,6 +91,7 @@ def one_channel_keeps(ctx: Context) -> Outcome:
     "step sizes: the measured one-step retention dh_t/dh_{t-1} is <= 0.01 for every channel-step "
     "with dt >= ln(100)/100 = 0.046 and > 0.01 for every one with smaller dt. Over the init range "
     "dt in [1e-3, 1e-1] it therefore forgets only at the large-dt end (exp(-100 * 1e-3) = 0.905).",
+    kind="construction",
 )
 def zero_channel_forgets(ctx: Context) -> Outcome:
     model, (rho, dt, A) = _polarized(ctx, measures.retention_and_steps)
@@ -117,6 +121,8 @@ def zero_channel_forgets(ctx: Context) -> Outcome:
             threshold=FORGET,
         ),
         verdict=verdict(holds, decidable=bool(np.any(large) and np.any(small))),
+        summary=f"retention <= {FORGET} on {forgets[large].mean():.1%} of steps with dt >= "
+        f"{dt_star:.3g} and on {forgets[small].mean():.1%} below (holds iff 100% and 0%)",
         figures=(path,),
     )
 
@@ -132,6 +138,7 @@ def zero_channel_forgets(ctx: Context) -> Outcome:
     "(beyond the conv window) is below log A_max by more than 2 standard errors, at init and "
     "after a short training on a delayed copy task (fails if above by more than 2 standard "
     "errors, inconclusive in between).",
+    kind="paper",
 )
 def recency_slope(ctx: Context) -> Outcome:
     d_model, d_state, length, batch, steps = ctx.size((8, 8, 32, 2, 30), (16, 16, 128, 4, 300))
@@ -178,6 +185,9 @@ def recency_slope(ctx: Context) -> Outcome:
         ),
         expected=dict(slope="<= log A_max - 2 standard errors"),
         verdict=verdict(holds, decidable=decidable),
+        summary="slope / log A_max: "
+        + ", ".join(f"{k} {c['slope_over_log_a_max']:.3g}" for k, c in checks.items())
+        + " (holds iff slope <= log A_max - 2 s.e. at both)",
         figures=(path,),
     )
 
@@ -198,6 +208,7 @@ def _stack(ctx: Context) -> tuple[list, jax.Array]:
     "so the sup-norm token diameter is non-increasing with depth (1e-6 relative slack for "
     "float32). The Euclidean diameter, average pairwise distance and Dirichlet energy are "
     "reported, with a contrast stack (A = -0.5, violating A_t + dt_t <= 1).",
+    kind="paper",
 )
 def oversmoothing_diameter(ctx: Context) -> Outcome:
     layers, x = _stack(ctx)
@@ -234,6 +245,9 @@ def oversmoothing_diameter(ctx: Context) -> Outcome:
             max_channel_range_growth_per_layer="<= 1 + 1e-6",
         ),
         verdict=verdict(holds, decidable=conditions_met),
+        summary=f"max channel-range growth per layer {growth[2.0]:.6f} (holds iff <= 1 + 1e-6, "
+        f"with max A + dt {max(cond['max_a_plus_dt']):.3g} <= 1); contrast A = -0.5: "
+        f"{growth[0.5]:.3g}",
         figures=(path,),
     )
 
@@ -246,6 +260,7 @@ def oversmoothing_diameter(ctx: Context) -> Outcome:
     "Dirichlet energy (mean ||x_{t+1} - x_t||^2 over the token variance) keeps at least half of "
     "its input value with A = -100, and keeps more than with a learnable-init channel (A = -1). "
     "An exact zero transition (A = -inf) and the 1-channel (A = 0) are reported for contrast.",
+    kind="paper",
 )
 def polar_zero_channel_distinct(ctx: Context) -> Outcome:
     layers, x = _stack(ctx)
@@ -268,6 +283,8 @@ def polar_zero_channel_distinct(ctx: Context) -> Outcome:
         ),
         expected=dict(kept_zero_channel=">= 0.5 and > kept with A = -1"),
         verdict=verdict(holds),
+        summary=f"relative Dirichlet energy kept: A = -100 {kept[100.0]:.3g}, A = -1 "
+        f"{kept[1.0]:.3g} (holds iff >= 0.5 and more than A = -1)",
         figures=(path,),
     )
 
