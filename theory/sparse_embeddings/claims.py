@@ -80,9 +80,9 @@ def birthday_exact_fraction(ctx: Context) -> Outcome:
             vectors_per_point=n,
         ),
         verdict=verdict(holds),
-        summary=f"worst margin over the bound - 3 se {worst_margin:.3g} (holds iff >= 0); exact at "
-        f"m = 50 s(s-1): {min(r['fraction'] for r in at_dim):.1%} (>= 99% - 3 se); spread across s "
-        f"{spread:.3g} (<= 0.05)",
+        summary=f"worst fraction - (bound - 3 se) {worst_margin:.3g} (holds iff >= 0; the bound is "
+        f"99% at m = 50 s(s-1), where exact on {min(r['fraction'] for r in at_dim):.1%}); spread "
+        f"over s {spread:.3g} (<= 0.05)",
         figures=(path,),
     )
 
@@ -230,8 +230,8 @@ def separations(ctx: Context) -> Outcome:
         ),
         expected=dict(window=[1 - eps, 1.0], linear="leaves window", signed="below 1 - eps"),
         verdict=verdict(in_window and linear_out and signed_out),
-        summary=f"max map on non-negative vectors in window {in_window}; linear map leaves it "
-        f"{linear_out} (min {r_linear.min():.3g}); max map on signed vectors min "
-        f"{r_signed.min():.3g} < {1 - eps:g}: {signed_out} (holds iff all three)",
+        summary=f"ratios: max map [{r_max.min():.3g}, {r_max.max():.3g}], linear "
+        f"[{r_linear.min():.3g}, {r_linear.max():.3g}], max map on signed min {r_signed.min():.3g} "
+        f"(holds iff inside, not inside, below the window [{1 - eps:g}, 1] respectively)",
         figures=(path,),
     )
