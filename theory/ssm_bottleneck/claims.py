@@ -185,9 +185,13 @@ def recency_slope(ctx: Context) -> Outcome:
         ),
         expected=dict(slope="<= log A_max - 2 standard errors"),
         verdict=verdict(holds, decidable=decidable),
-        summary="slope / log A_max: "
-        + ", ".join(f"{k} {c['slope_over_log_a_max']:.3g}" for k, c in checks.items())
-        + " (holds iff slope <= log A_max - 2 s.e. at both)",
+        # log A_max < 0: slope + 2 s.e. <= log A_max iff (slope + 2 s.e.) / log A_max >= 1.
+        summary="(slope + 2 s.e.) / log A_max: "
+        + ", ".join(
+            f"{k} {(c['slope'] + 2 * c['slope_stderr']) / c['log_a_max']:.3g}"
+            for k, c in checks.items()
+        )
+        + " (holds iff >= 1 at both)",
         figures=(path,),
     )
 
