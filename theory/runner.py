@@ -84,8 +84,9 @@ def run_claim(claim: registry.Claim, *, out_dir: pathlib.Path, full: bool, seed:
             figures=[],
         )
     seconds = round(time.perf_counter() - start, 2)
-    base = dict(id=claim.id, paper=claim.paper, kind=claim.kind, statement=claim.statement)
-    base["seconds"] = seconds
+    base = dict(
+        id=claim.id, paper=claim.paper, kind=claim.kind, statement=claim.statement, seconds=seconds
+    )
     return {**base, **record}, error
 
 
@@ -103,7 +104,7 @@ def format_table(records: Sequence[dict]) -> str:
             r["kind"],
             r["verdict"],
             f"{r['seconds']:.1f}",
-            _cut(r["summary"], 70),
+            _cut(r["summary"], 100),
         )
         for r in records
     ]
@@ -119,13 +120,12 @@ def _by_kind(records: Sequence[dict]) -> list[tuple[str, list[dict]]]:
     return [(kind, rs) for kind, rs in groups if rs]
 
 
-def _verdict_table(records: Sequence[dict], *, with_paper: bool) -> list[str]:
-    head = ["claim", *(["paper"] if with_paper else []), "kind", "verdict", "measured"]
-    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+def _verdict_table(records: Sequence[dict], column: str) -> list[str]:
+    """A markdown table: claim, the record's `column` ("paper" or "kind"), verdict, summary."""
+    md = [f"| claim | {column} | verdict | measured |", "|---|---|---|---|"]
     for r in records:
-        cells = [f"`{r['id']}`", *([r["paper"]] if with_paper else []), r["kind"]]
-        cells += [f"**{r['verdict']}**", r["summary"].replace("|", "\\|")]
-        md.append("| " + " | ".join(cells) + " |")
+        summary = r["summary"].replace("|", "\\|")
+        md.append(f"| `{r['id']}` | {r[column]} | **{r['verdict']}** | {summary} |")
     return md
 
 
@@ -149,7 +149,7 @@ def write_report(records: Sequence[dict], out_dir: pathlib.Path, *, full: bool) 
     md = [f"# Claims report ({size})", "", f"{len(records)} claims: {_counts(records)}."]
     for kind, group in _by_kind(records):
         md += ["", f"## {kind}: {registry.KINDS[kind]} ({_counts(group)})", ""]
-        md += _verdict_table(group, with_paper=True)
+        md += _verdict_table(group, "paper")
     for kind, group in _by_kind(records):
         for r in group:
             md += [
@@ -177,7 +177,7 @@ def readme_block(records: Sequence[dict], *, full: bool, command: str) -> str:
         "is seeded from `--seed` and its id, so a run at the same package versions gives the same "
         "verdicts on any machine.",
         "",
-        *_verdict_table(records, with_paper=False),
+        *_verdict_table(records, "kind"),
     ]
     return "\n".join(md)
 

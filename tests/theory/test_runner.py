@@ -72,7 +72,7 @@ def test_a_failed_claim_is_a_finding_not_an_error(tmp_path, capsys):
     # Grouped by kind, the papers' results first; per claim its statement, expectation, summary.
     assert report.index("## paper: a result") < report.index("## construction: true by")
     assert "One equals two." in report and 'Expected: `{"rhs": 2}`' in report
-    assert "| toy | construction | **fails** | 1 \\| 2 |" in report  # "|" cannot break the table
+    assert "| `toy_fails` | toy | **fails** | 1 \\| 2 |" in report  # "|" cannot break the table
     table = capsys.readouterr().out
     assert "toy_fails" in table and "fails" in table
 
