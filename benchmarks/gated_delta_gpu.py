@@ -168,12 +168,15 @@ def table_row(shape, name, times, error, flops, peer):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small shape, 3 repeats")
+    parser.add_argument("--shapes", default="", help='"B,T,H,HV,D;..." instead of the shapes above')
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--write-results", action="store_true", help="update RESULTS.md")
     parser.add_argument("--note", default="", help="a line for RESULTS.md")
     args = parser.parse_args()
     shapes = ((2, 1024, 4, 4, 64),) if args.quick else SHAPES
+    if args.shapes:
+        shapes = tuple(tuple(int(n) for n in s.split(",")) for s in args.shapes.split(";"))
     repeats = 3 if args.quick else args.repeats
     fla, fla_missing = load_fla()
     if fla_missing:

@@ -58,12 +58,13 @@ def gated_delta_rule(
       chunk_size: tokens per chunk of `"chunked"`; T need not be a multiple.
       segment_ids: `[B, T]` int, packed documents: the state restarts from zero at every change of
         id along t; the final state is that of each row's last segment.
-      impl: None (auto: the platform's Pallas kernel on TPU and Hopper GPUs, else `"chunked"`),
-        `"recurrent"` (token-by-token `lax.scan`), `"chunked"` (WY form in XLA), `"pallas_tpu"`
-        (Mosaic TPU kernel), `"pallas_gpu"` (Mosaic GPU kernel, Hopper), `"pallas"` (the current
-        platform's kernel; on CPU the TPU kernel in interpret mode). The Pallas impls take
-        float32 or bfloat16 inputs and `chunk_size` a multiple of 16, and raise
-        `NotImplementedError` otherwise.
+      impl: None (auto: the platform's Pallas kernel on TPU and Hopper GPUs where it takes the
+        inputs, else `"chunked"`; `resolve_impl` says which), `"recurrent"` (token-by-token
+        `lax.scan`), `"chunked"` (WY form in XLA), `"pallas_tpu"` (Mosaic TPU kernel),
+        `"pallas_gpu"` (Mosaic GPU kernel, Hopper), `"pallas"` (the current platform's kernel;
+        on CPU the TPU kernel in interpret mode). The Pallas impls take float32 or bfloat16
+        inputs and `chunk_size` a multiple of 16 (the GPU kernel: 64 or 128, and K <= 128),
+        and raise `NotImplementedError` otherwise.
       interpret: run the Pallas kernel in interpret mode (on CPU).
 
     Returns:
@@ -82,10 +83,9 @@ def gated_delta_rule(
     )[3]
     # "pallas" on CPU is the TPU kernel, which CPU can only interpret.
     interpret = interpret or (impl == "pallas" and _chunked.target_platform() == "cpu")
-    impl = _chunked.check_impl(impl, kernels=True)
+    impl = resolve_impl(impl, q.dtype, dk, v.shape[-1], chunk_size)
     scale = dk**-0.5 if scale is None else scale
     if impl.startswith("pallas"):
-        kernel_api.check_supported(q.dtype)
         block_sizes = kernel_api.BlockSizes(chunk_size)
     if impl == "pallas_tpu":
         o, final = _pallas_tpu(
@@ -103,6 +103,25 @@ def gated_delta_rule(
         )
     xs = (q, k, v, g, beta)
     return _chunked.run(form, xs, initial_state, segment_ids, output_final_state, scale=scale)
+
+
+def resolve_impl(impl: str | None, dtype, dk: int, dv: int, chunk_size: int) -> str:
+    """The implementation `gated_delta_rule(..., impl=impl)` runs for q/k/v of `dtype`, head
+    widths `K = dk`, `V = dv` and `chunk_size`.
+
+    `None` is the platform's kernel on TPU and Hopper GPUs where that kernel takes these inputs
+    (`kernels.gated_delta.api.unsupported`), else `"chunked"`; an explicit kernel name that
+    cannot run them raises `NotImplementedError` with the reason, never falls back.
+    """
+    resolved = _chunked.check_impl(impl, kernels=True)
+    if resolved not in ("pallas_tpu", "pallas_gpu"):
+        return resolved
+    reason = kernel_api.unsupported(resolved, dtype, dk, dv, chunk_size)
+    if reason is None:
+        return resolved
+    if impl is None:
+        return "chunked"
+    raise NotImplementedError(f"impl={impl!r}: {reason}; use impl='chunked' or impl=None")
 
 
 def _pallas_gpu(*args, chunk_size, block_sizes, interpret):

@@ -166,22 +166,52 @@ def test_rejects_unsupported_and_bad_inputs():
     q = jnp.zeros((1, 64, 1, 64), jnp.float16)
     with pytest.raises(NotImplementedError, match="float32 or bfloat16"):
         gated_delta_rule(q, q, q, q[..., 0], q[..., 0], impl="pallas_gpu", interpret=True)
+    f32 = (q.astype(F32),) * 3, q[..., 0].astype(F32), q[..., 0].astype(F32)
     with pytest.raises(NotImplementedError, match="chunk_size=48"):
-        gated_delta_rule(
-            *(q.astype(F32),) * 3, q[..., 0].astype(F32), q[..., 0].astype(F32),
-            impl="pallas_gpu", chunk_size=48, interpret=True,
-        )  # fmt: skip
+        gated_delta_rule(*f32[0], *f32[1:], impl="pallas_gpu", chunk_size=48, interpret=True)
+    k256 = jnp.zeros((1, 64, 1, 256), F32)
+    with pytest.raises(NotImplementedError, match="K=256"):
+        gated_delta_rule(k256, k256, q.astype(F32), *f32[1:], impl="pallas_gpu", interpret=True)
 
 
 @pytest.mark.parametrize(
-    "dtype",
-    [pytest.param(F32, id="float32"), pytest.param(BF16, id="bfloat16", marks=pytest.mark.slow)],
+    "dtype, dk, dv, chunk, want",
+    [
+        (F32, 128, 256, 64, "pallas_gpu"),
+        (BF16, 32, 96, 128, "pallas_gpu"),  # padded to K = 64, V = 128
+        (BF16, 256, 512, 64, "chunked"),  # K > 128: the state block does not fit in registers
+        (F32, 64, 64, 32, "chunked"),  # the kernel's chunks are 64 or 128
+        (jnp.dtype(jnp.float64), 64, 64, 64, "chunked"),  # no float64 kernel
+    ],
 )
-def test_op_pallas_gpu_matches_chunked(dtype):
+def test_auto_on_hopper_picks_the_kernel_where_it_runs(monkeypatch, dtype, dk, dv, chunk, want):
+    """`impl=None` on a Hopper GPU: the kernel where it takes the inputs, else `"chunked"`
+    (the explicit name raises instead, above)."""
+    from seqlab.ops import _chunked
+    from seqlab.ops import gated_delta as gd
+
+    monkeypatch.setattr(_chunked, "target_platform", lambda: "gpu")
+    monkeypatch.setattr(_chunked, "_has_kernel_hardware", lambda platform: platform == "gpu")
+    assert gd.resolve_impl(None, dtype, dk, dv, chunk) == want
+    if want == "chunked":
+        with pytest.raises(NotImplementedError, match="impl='pallas_gpu'"):
+            gd.resolve_impl("pallas_gpu", dtype, dk, dv, chunk)
+
+
+@pytest.mark.parametrize(
+    "dtype, dk, dv",
+    [
+        pytest.param(F32, 64, 64, id="float32"),
+        # K and V the kernel does not take as they are: zero-padded to K = 64, V = 128.
+        pytest.param(F32, 32, 96, id="float32-padded"),
+        pytest.param(BF16, 64, 64, id="bfloat16", marks=pytest.mark.slow),
+    ],
+)
+def test_op_pallas_gpu_matches_chunked(dtype, dk, dv):
     """`gated_delta_rule(impl="pallas_gpu")` against `impl="chunked"`: T not a multiple of the
     chunk, grouped heads, initial state, packed segments; output, final state, every gradient.
     Both share the chunk-parallel XLA part, so they differ only by the state pass."""
-    x = inputs(7, 1, 100, 1, 2, 64, 64, F32)
+    x = inputs(7, 1, 100, 1, 2, dk, dv, F32)
     x = {n: a.astype(dtype) if n in ("q", "k", "v") else a for n, a in x.items()}
     seg = segment_rows([[30, 50, 20]])
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from seqlab.kernels.gated_delta import vjp
+from seqlab.kernels.gated_delta import pallas_gpu, vjp
 
 BATCH_AXES = ("data", "fsdp")
 HEAD_AXES = ("heads",)
@@ -50,6 +50,31 @@ def check_supported(dtype: jnp.dtype) -> None:
         )
 
 
+def unsupported(impl: str, dtype, dk: int, dv: int, chunk: int) -> str | None:
+    """Why kernel `impl` ("pallas_tpu" or "pallas_gpu") cannot run q/k/v of `dtype` with head
+    widths `K = dk`, `V = dv` in chunks of `chunk` tokens; None when it can.
+
+    Both kernels take float32 and bfloat16 and chunks that are positive multiples of 16; the GPU
+    kernel takes chunks in `pallas_gpu.CHUNKS` and `K <= max(pallas_gpu.HEAD_DIMS)` (smaller K and
+    every V are zero-padded, which is exact). `seqlab.ops.gated_delta_rule` raises
+    `NotImplementedError` with this reason for an explicit kernel name, and `impl=None` takes
+    `"chunked"` where the platform's kernel cannot run.
+    """
+    if jnp.dtype(dtype) not in INPUT_DTYPES:
+        return f"the Pallas kernels take float32 or bfloat16 q/k/v, got {jnp.dtype(dtype)}"
+    if chunk < 16 or chunk % 16:
+        return f"chunk_size={chunk}: the Pallas kernels need a positive multiple of 16"
+    if impl == "pallas_gpu":
+        if chunk not in pallas_gpu.CHUNKS:
+            return f"chunk_size={chunk}: the GPU kernel takes chunks in {pallas_gpu.CHUNKS}"
+        if dk > max(pallas_gpu.HEAD_DIMS):
+            return (
+                f"K={dk}: the GPU kernel keeps a [K, 64] float32 state block in registers and "
+                f"takes K <= {max(pallas_gpu.HEAD_DIMS)}"
+            )
+    return None
+
+
 def _mesh_axes(mesh, names: tuple[str, ...]) -> tuple[str, ...] | None:
     axes = tuple(a for a in names if a in mesh.axis_names and mesh.shape[a] > 1)
     return axes or None
@@ -80,22 +105,35 @@ def scan_chunk_states(state, k_end, u, w, state_to_end, *, block_sizes: BlockSiz
     `S_{n+1} = state_to_end S_n + k_end^T v_new`): `state: [B, HV, K, V]`,
     `k_end, w: [B, N, C, HV, K]`, `u: [B, N, C, HV, V]`, `state_to_end: [B, N, HV]`, float32.
     Returns `(final [B, HV, K, V], states [B, N, HV, K, V], v_new [B, N, C, HV, V])`.
+
+    K is zero-padded to the next width in `pallas_gpu.HEAD_DIMS` and V to a multiple of
+    `block_v`: zero key columns leave `w S` and `k_end^T v_new` unchanged and keep the padded
+    state rows at zero, and zero value columns stay zero, so the padding is exact.
     """
     check_supported(u.dtype)
+    dk, dv = state.shape[-2:]
+    kp = min((d for d in pallas_gpu.HEAD_DIMS if d >= dk), default=dk)  # the kernel rejects > max
+    vp = -(-dv // block_sizes.block_v) * block_sizes.block_v
 
-    def heads_major(x):  # [B, N, C, HV, D] -> [B, HV, N, C, D]
-        return jnp.moveaxis(x, 3, 1)
+    def heads_major(x, width):  # [B, N, C, HV, D] -> [B, HV, N, C, width], zero-padded
+        return _pad_last(jnp.moveaxis(x, 3, 1), width)
 
     states, v_new, final = vjp.state_scan(
         block_sizes.block_v,
         interpret,
-        -heads_major(w),
-        jnp.swapaxes(heads_major(k_end), -1, -2),
-        heads_major(u),
+        -heads_major(w, kp),
+        jnp.swapaxes(heads_major(k_end, kp), -1, -2),
+        heads_major(u, vp),
         jnp.moveaxis(state_to_end, 2, 1),
-        state,
+        jnp.pad(state, ((0, 0), (0, 0), (0, kp - dk), (0, vp - dv))),
     )
+    states, v_new, final = states[..., :dk, :dv], v_new[..., :dv], final[..., :dk, :dv]
     return final, jnp.moveaxis(states, 1, 2), jnp.moveaxis(v_new, 1, 3)
+
+
+def _pad_last(x, width):
+    """`x` with its last axis zero-padded to `width`."""
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
 
 
 BATCH, HEADS = "batch", "heads"  # in specs: the mesh axes of BATCH_AXES / HEAD_AXES

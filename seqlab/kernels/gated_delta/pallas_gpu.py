@@ -44,7 +44,7 @@ except AttributeError:  # jax 0.10
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
 OPERAND = jnp.bfloat16
-HEAD_DIMS = (64, 128)  # supported K and V
+HEAD_DIMS = (64, 128)  # supported K (V: any multiple of block_v); api.py pads others
 BLOCK_VS = (64,)  # value columns per program
 CHUNKS = (64, 128)  # tokens per chunk: multiples of the 64-row wgmma tile
 SMEM_BYTES = 220 * 1024  # of the 227 KiB per block on sm_90, a margin for barriers
@@ -195,10 +195,13 @@ def check(a, b, x, d, h0, y, *, block_v):
     dv = x.shape[-1]
     if c not in CHUNKS:
         raise NotImplementedError(f"chunk_size={c}: the GPU kernel takes chunks in {CHUNKS}")
-    if dk not in HEAD_DIMS or dv not in HEAD_DIMS:
-        raise NotImplementedError(f"K={dk}, V={dv}: the GPU kernel takes K, V in {HEAD_DIMS}")
     if block_v not in BLOCK_VS:
         raise NotImplementedError(f"block_v={block_v}: the GPU kernel takes {BLOCK_VS}")
+    if dk not in HEAD_DIMS or dv % block_v:
+        raise NotImplementedError(
+            f"K={dk}, V={dv}: the GPU kernel takes K in {HEAD_DIMS} and V a multiple of "
+            f"block_v={block_v}"
+        )
     expected = dict(b=(bsz, h, n, dk, c), x=(bsz, h, n, c, dv), d=(bsz, h, n), h0=(bsz, h, dk, dv))
     if y is not None:
         expected["y"] = (bsz, h, n, dk, dv)
