@@ -18,7 +18,8 @@
 #   bench     benchmarks/gated_delta_gpu.py: pallas_gpu, chunked and flash-linear-attention (when
 #             installed), forward and forward+backward, first-call (compile) times
 # Knobs: GPU_CHECK_STAGES (default: all, in this order), GPU_CHECK_PYTHON (python3),
-# GPU_CHECK_BENCH_ARGS (extra arguments of gated_delta_gpu.py). Writes $OUT/summary.md and one
+# GPU_CHECK_TESTS (pytest -k of the tests stage), GPU_CHECK_BENCH_ARGS (extra arguments of
+# gated_delta_gpu.py). Writes $OUT/summary.md and one
 # log per stage; exits 0 when every stage passed, else 1.
 set -u
 OUT="${OUT:-/tmp/gpu_check}"
@@ -55,7 +56,8 @@ print("devices", jax.devices(), "compute capability", getattr(jax.devices()[0], 
 print("default semantics", plgpu.CompilerParams().lowering_semantics, "kernel uses", pallas_gpu.COMPILER_PARAMS.lowering_semantics)
 '
 stage tests 120 "$PY" -m pytest -q -p no:cacheprovider -m "slow or not slow" --durations=10 \
-  tests/kernels/test_gated_delta_gpu.py tests/ops/test_gated_delta_trained_like.py -k "not pallas_tpu"
+  tests/kernels/test_gated_delta_gpu.py tests/ops/test_gated_delta_trained_like.py \
+  -k "${GPU_CHECK_TESTS:-not pallas_tpu}"
 stage auto 45 "$PY" -c '
 import jax, jax.numpy as jnp
 from seqlab.ops import gated_delta_rule
