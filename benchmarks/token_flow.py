@@ -2,7 +2,9 @@
 same equations, measured in the same run, float32, d = 3, beta = 4, SA (softmax-normalized):
 
 - one evaluation of the vector field, dense (`[n, n]` logits) for moderate `n`, and blocked over
-  keys (online softmax, `block_size` keys at a time) up to n = 100000 particles, where a dense
+  keys (`block_size` keys at a time; seqlab also tiles the queries so that a tile of logits stays
+  in cache, and with `Q = K = I` shifts every row by its known largest logit `beta`, one pass with
+  no running max; numpy runs the online softmax) up to n = 100000 particles, where a dense
   `[n, n]` float32 matrix would take 40 GB;
 - a batch of flows: `runs` independent systems of `n` particles on the circle integrated by
   projected RK4 (vmapped in seqlab, a Python loop over runs and steps in numpy).
@@ -10,6 +12,7 @@ same equations, measured in the same run, float32, d = 3, beta = 4, SA (softmax-
     python benchmarks/token_flow.py                  # field up to n = 100000, 64 flows
     python benchmarks/token_flow.py --quick          # field up to n = 16384, a smoke run
     python benchmarks/token_flow.py --write-results  # also replace the section in RESULTS.md
+    python benchmarks/token_flow.py --write-results --note "..."  # with a sentence (the load)
 
 Times are medians over `--repeats` calls after one warm-up (compilation excluded); the numpy
 blocked field at n = 100000 is timed once. Ratios above 1 mean seqlab is faster.
@@ -17,6 +20,7 @@ blocked field at n = 100000 is timed once. Ratios above 1 mean seqlab is faster.
 
 import argparse
 import datetime
+import os
 import platform
 import shlex
 import sys
@@ -134,7 +138,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per measurement")
     parser.add_argument("--block-size", type=int, default=2048, help="keys per block")
     parser.add_argument("--write-results", action="store_true", help="update RESULTS.md")
+    parser.add_argument("--note", default="", help="a sentence for RESULTS.md (e.g. the load)")
     args = parser.parse_args(argv)
+    load_start = os.getloadavg()[0]
     repeats = 2 if args.quick else args.repeats
     sizes = [(1024, False), (4096, False), (4096, True), (16384, True)]
     if not args.quick:
@@ -146,13 +152,18 @@ def main(argv=None):
     print(header)
     fields = field_rows(sizes, args.block_size, repeats)
     flows = flow_row(64, 128, 100, repeats)
+    load = (
+        f"1-minute load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    )
+    print(load)
     if args.write_results:
         lines = [
             SECTION,
             "",
             header,
             f"float32, d = 3, beta = {BETA}, SA; blocked = {args.block_size} keys per block; "
-            f"medians of {repeats} after a warm-up (numpy at n = 100000: one call).",
+            f"medians of {repeats} after a warm-up (numpy at n = 100000: one call); {load}."
+            + (f" {args.note}" if args.note else ""),
             "",
             "| field | n | seqlab ms | numpy ms | ratio |",
             "|---|---:|---:|---:|---:|",

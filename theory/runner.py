@@ -164,6 +164,16 @@ def write_report(records: Sequence[dict], out_dir: pathlib.Path, *, full: bool) 
     (out_dir / "report.md").write_text("\n".join(md) + "\n")
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (Linux), else the processor string."""
+    try:
+        lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor()
+
+
 def readme_block(records: Sequence[dict], *, full: bool, command: str) -> str:
     """The generated verdict section of a paper's README: how it was run, and the table."""
     versions = ", ".join(
@@ -173,9 +183,11 @@ def readme_block(records: Sequence[dict], *, full: bool, command: str) -> str:
     seconds = sum(r["seconds"] for r in records)
     md = [
         f"Verdicts at {size}, written by `{command}` on {datetime.date.today().isoformat()} "
-        f"(Python {platform.python_version()}, {versions}; {seconds:.0f} s of claims). Every claim "
-        "is seeded from `--seed` and its id, so a run at the same package versions gives the same "
-        "verdicts on any machine.",
+        f"(Python {platform.python_version()}, {versions}; {platform.machine()} "
+        f"{_cpu_name()}; {seconds:.0f} s of claims). Every claim is seeded from `--seed` and its "
+        "id, so a run at the same package versions on the same kind of CPU gives the same numbers; "
+        "on another CPU XLA may round float32 differently, which moves the trained claims' "
+        "numbers slightly and can flip a verdict that sits at its threshold.",
         "",
         *_verdict_table(records, "kind"),
     ]

@@ -10,6 +10,8 @@ Every function takes one sequence; batch with `jax.vmap`. Results follow the dty
 - `dirichlet_energy(x)`: `mean_t ||x_{t+1} - x_t||^2` on the path graph of the sequence.
 - `relative_dirichlet_energy(x)`: the Dirichlet energy over `mean_t ||x_t - mean(x)||^2`;
   scale-free, it measures the high-frequency share of the sequence (0 for a constant sequence).
+- `normalized_diameter(x)`: the diameter over the RMS distance of the tokens to their mean;
+  scale-free and shift-invariant (for two distinct tokens it is 2).
 """
 
 import jax
@@ -55,8 +57,18 @@ def dirichlet_energy(x: jax.Array) -> jax.Array:
     return jnp.mean(jnp.sum(jnp.square(jnp.diff(x, axis=0)), axis=-1))
 
 
+def _spread(x: jax.Array) -> jax.Array:
+    """`mean_t ||x_t - mean(x)||^2`, the total variance of the tokens."""
+    return jnp.mean(jnp.sum(jnp.square(x - jnp.mean(x, axis=0)), axis=-1))
+
+
 def relative_dirichlet_energy(x: jax.Array) -> jax.Array:
     """`dirichlet_energy(x) / mean_t ||x_t - mean(x)||^2` for `x: [T, D]` (scale-free)."""
     _check(x)
-    spread = jnp.mean(jnp.sum(jnp.square(x - jnp.mean(x, axis=0)), axis=-1))
-    return dirichlet_energy(x) / spread
+    return dirichlet_energy(x) / _spread(x)
+
+
+def normalized_diameter(x: jax.Array) -> jax.Array:
+    """`diameter(x) / sqrt(mean_t ||x_t - mean(x)||^2)` for `x: [T, D]` (scale-free)."""
+    _check(x)
+    return diameter(x) / jnp.sqrt(_spread(x))

@@ -24,9 +24,12 @@ Linearized at the uniform measure, the degree-`k` spherical harmonics grow at (F
 (`d = 2`: `k^2 I_k(beta) / beta`, divided by `I_0(beta)` for SA). Both have the same argmax over
 `k`, `dominant_mode(beta, d)`: the number of clusters that emerge on the circle.
 
-- `vector_field`: the right-hand side, dense or blocked over keys (`O(n * block_size)` memory).
+- `vector_field`: the right-hand side, dense or blocked over keys (`O(n * block_size)` memory;
+  tiles of queries x keys that stay in cache, one pass over the logits when `Q = K = I`).
 - `integrate`: fixed-step projected Euler or RK4 (retraction `x / |x|`), snapshots; jit/vmap-able.
-- `energy`, `growth_rate`, `dominant_mode`, `mode_amplitudes`, `circle_clusters`,
+- `energy`, `growth_rate`, `dominant_mode`, `fourier_modes`, `mode_amplitudes`,
+  `linearized_modes` (the linearized mean-field solution on the circle), `circle_clusters`,
+  `circle_cluster_sizes`,
   `cluster_count_circle`, `cluster_count`, and `vector_field_reference` (plain float64 numpy, the
   oracle of the tests).
 - `on_circle`, `fibonacci_sphere`: particles at given angles of the circle, a near-uniform
@@ -107,49 +110,114 @@ def _maps(x, Q, K, V):
     return tuple(x if m is None else x @ jnp.asarray(m, x.dtype).T for m in (Q, K, V))
 
 
-def _attend_dense(q, k, v, beta, normalized):
-    """`sum_j w_ij v_j: [n, d]` from the full `[n, n]` logits."""
+def _self_shift(Q, K, beta):
+    """The largest logit when it is known without looking at the data, else None.
+
+    With `Q = K = I` and unit rows, `beta <x_i, x_j> <= beta <x_i, x_i> = beta`: every row's
+    largest logit is `beta` (its own), so `exp(beta (<x_i, x_j> - 1))` lies in `(0, 1]` with the
+    self term about 1. Shifting by this constant replaces the running max of an online softmax
+    (one pass over the logits instead of two, no rescaling) and keeps USA from overflowing in the
+    sum (its `exp(beta)` factor is applied once, at the end).
+    """
+    return beta if Q is None and K is None else None
+
+
+def _augment(v):
+    """`[v | 1]: [n, d + 1]`: one product `p @ [v | 1]` gives both `sum_j p_ij v_j` and `Z_i`."""
+    return jnp.concatenate([v, jnp.ones((v.shape[0], 1), v.dtype)], axis=-1)
+
+
+def _normalize(acc, n, normalized, log_scale):
+    """`(a, scale)` with `a * scale = sum_j w_ij v_j`, from `acc = [sum_j e_ij v_j | sum_j e_ij]`,
+    `e_ij = exp(l_ij - log_scale)`: `scale` is `1 / sum` (SA, `[n, 1]`) or `exp(log_scale) / n`
+    (USA, a scalar), applied after the projection so that a large USA `beta` overflows only
+    where the field does."""
+    a, s = acc[:, :-1], acc[:, -1:]
+    if normalized:
+        return a, 1 / s
+    return a, jnp.exp(log_scale - float(np.log(n)))  # a Python float keeps the dtype
+
+
+def _attend_dense(q, k, v, beta, normalized, shift):
+    """`(a, scale)`, `a * scale = sum_j w_ij v_j: [n, d]`, from the full `[n, n]` logits."""
     logits = beta * (q @ k.T)
+    if shift is not None:
+        return _normalize(jnp.exp(logits - shift) @ _augment(v), q.shape[0], normalized, shift)
     w = jax.nn.softmax(logits, axis=-1) if normalized else jnp.exp(logits) / q.shape[0]
-    return w @ v
+    return w @ v, 1
 
 
-def _attend_blocked(q, k, v, beta, normalized, block_size):
-    """`sum_j w_ij v_j: [n, d]`, scanning over blocks of `block_size` keys: `O(n * block)` memory.
+# Query rows per tile of the blocked interaction: tiles of about this many logits stay in cache.
+_TILE = 1 << 20
 
-    SA keeps a running max `m_i` of the logits, `s_i = sum_j exp(l_ij - m_i)` and
+
+def _attend_blocked(q, k, v, beta, normalized, block_size, shift):
+    """`(a, scale)`, `a * scale = sum_j w_ij v_j: [n, d]`, over tiles of `rows x block_size`
+    logits: `O(n * block)` memory.
+
+    The queries are taken `rows = clip(2^20 / block_size, 1, n)` at a time (a tile of logits that
+    stays in cache), and for each the keys are scanned in blocks of `block_size`. With a known
+    largest logit `shift` (`_self_shift`) one pass accumulates `sum_j exp(l_ij - shift) [v_j | 1]`.
+    Otherwise SA keeps a running max `m_i` of the logits, `s_i = sum_j exp(l_ij - m_i)` and
     `a_i = sum_j exp(l_ij - m_i) v_j`, rescaled by `exp(m_old - m_new)` at every block (online
-    softmax); USA sums `exp(l_ij) v_j / n`. Keys padded to a whole block are masked out.
+    softmax), and USA sums `exp(l_ij) v_j / n`. Keys and queries padded to whole blocks are masked
+    out (keys) or dropped (queries).
     """
     n, d = q.shape
+    dv = v.shape[1]
     blocks = -(-n // block_size)
-    pad = blocks * block_size - n
-    k_blocks = jnp.pad(k, ((0, pad), (0, 0))).reshape(blocks, block_size, d)
-    v_blocks = jnp.pad(v, ((0, pad), (0, 0))).reshape(blocks, block_size, d)
+    k_blocks = jnp.pad(k, ((0, blocks * block_size - n), (0, 0))).reshape(blocks, block_size, d)
     valid = (jnp.arange(blocks * block_size) < n).reshape(blocks, block_size)
+    rows = min(n, max(1, _TILE // block_size))
+    tiles = -(-n // rows)
+    q_tiles = jnp.pad(q, ((0, tiles * rows - n), (0, 0))).reshape(tiles, rows, d)
     neg_inf = jnp.asarray(-jnp.inf, q.dtype)
 
-    def sa_step(carry, blk):
+    if shift is not None:
+        # Padded keys carry [v | 1] = 0: they add nothing, no mask needed.
+        v_blocks = jnp.pad(_augment(v), ((0, blocks * block_size - n), (0, 0)))
+        v_blocks = v_blocks.reshape(blocks, block_size, dv + 1)
+
+        def tile(qt):
+            def step(acc, blk):
+                k_b, v_b = blk
+                return acc + jnp.exp(beta * (qt @ k_b.T) - shift) @ v_b, None
+
+            init = jnp.zeros((rows, dv + 1), q.dtype)
+            return jax.lax.scan(jax.checkpoint(step), init, (k_blocks, v_blocks))[0]
+
+        acc = jax.lax.map(tile, q_tiles).reshape(tiles * rows, dv + 1)[:n]
+        return _normalize(acc, n, normalized, shift)
+
+    v_blocks = jnp.pad(v, ((0, blocks * block_size - n), (0, 0))).reshape(blocks, block_size, dv)
+
+    def sa_step(carry, blk, qt):
         m, s, a = carry
         k_b, v_b, ok = blk
-        logits = jnp.where(ok, beta * (q @ k_b.T), neg_inf)  # [n, b]
+        logits = jnp.where(ok, beta * (qt @ k_b.T), neg_inf)  # [rows, b]
         m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
         rescale = jnp.exp(m - m_new)  # 0 on the first block (m = -inf)
         p = jnp.exp(logits - m_new[:, None])
         return (m_new, s * rescale + p.sum(-1), a * rescale[:, None] + p @ v_b), None
 
-    def usa_step(a, blk):
+    def usa_step(a, blk, qt):
         k_b, v_b, ok = blk
-        p = jnp.where(ok, jnp.exp(beta * (q @ k_b.T)), 0)
+        p = jnp.where(ok, jnp.exp(beta * (qt @ k_b.T)), 0)
         return a + p @ v_b, None
 
     blks = (k_blocks, v_blocks, valid)
-    if normalized:
-        init = (jnp.full((n,), neg_inf), jnp.zeros((n,), q.dtype), jnp.zeros_like(q))
-        (_, s, a), _ = jax.lax.scan(jax.checkpoint(sa_step), init, blks)
-        return a / s[:, None]
-    a, _ = jax.lax.scan(jax.checkpoint(usa_step), jnp.zeros_like(q), blks)
-    return a / n
+
+    def tile(qt):
+        if normalized:
+            init = (jnp.full((rows,), neg_inf), jnp.zeros((rows,), q.dtype))
+            init += (jnp.zeros((rows, dv), q.dtype),)
+            step = jax.checkpoint(functools.partial(sa_step, qt=qt))
+            (_, s, a), _ = jax.lax.scan(step, init, blks)
+            return a / s[:, None]
+        step = jax.checkpoint(functools.partial(usa_step, qt=qt))
+        return jax.lax.scan(step, jnp.zeros((rows, dv), q.dtype), blks)[0] / n
+
+    return jax.lax.map(tile, q_tiles).reshape(tiles * rows, dv)[:n], 1
 
 
 def vector_field(x, *, beta, normalized=True, Q=None, K=None, V=None, block_size=None) -> jax.Array:
@@ -166,9 +234,12 @@ def vector_field(x, *, beta, normalized=True, Q=None, K=None, V=None, block_size
       block_size: None for the dense `[n, n]` interaction; otherwise the keys are scanned in
         blocks of this many, so memory is `O(n * block_size)` (for `n` in the hundred thousands).
 
-    Computed in the dtype of `x` (`beta`, `Q`, `K`, `V` are cast to it). USA weights are not
-    rescaled, so they overflow once `beta` exceeds the log of the dtype's largest number
-    (88 in float32); SA is stable for any `beta`.
+    Computed in the dtype of `x` (`beta`, `Q`, `K`, `V` are cast to it). SA is stable for any
+    `beta`. With `Q = K = I` the sums are shifted by the known largest logit `beta` (every row's
+    own), which assumes unit rows (checked when concrete; `integrate` keeps them unit); USA's
+    `exp(beta) / n` is then applied once to the sum, which overflows only where the field does.
+    With `Q` or `K` given, USA weights are not rescaled and overflow once `beta <Q x_i, K x_j>`
+    exceeds the log of the dtype's largest number (88 in float32).
     """
     _check_field_args(x, beta, Q, K, V, block_size)
     return _field(x, beta, normalized, Q, K, V, block_size)
@@ -178,11 +249,13 @@ def _field(x, beta, normalized, Q, K, V, block_size):
     """`vector_field` without the argument checks (they ran once, outside the integrator)."""
     beta = jnp.asarray(beta, x.dtype)
     q, k, v = _maps(x, Q, K, V)
+    shift = _self_shift(Q, K, beta)
     if block_size is None:
-        y = _attend_dense(q, k, v, beta, normalized)
+        y, scale = _attend_dense(q, k, v, beta, normalized, shift)
     else:
-        y = _attend_blocked(q, k, v, beta, normalized, block_size)
-    return _project(x, y)
+        y, scale = _attend_blocked(q, k, v, beta, normalized, block_size, shift)
+    # P_x is linear: project first, so that a large USA scale multiplies the tangent part only.
+    return _project(x, y) * scale
 
 
 def vector_field_reference(x, beta, normalized=True, Q=None, K=None, V=None) -> np.ndarray:
@@ -325,36 +398,74 @@ def dominant_mode(beta, d) -> int:
     return int(k[np.argmax(growth_rate(k, beta, d))])
 
 
-def mode_amplitudes(x, ks) -> jax.Array:
-    """`|mean_j exp(i k theta_j)|: [len(ks)]`, the Fourier modes of the empirical measure of
-    `x: [n, 2]` (points of the circle) at the integers `ks`."""
+def fourier_modes(x, ks) -> jax.Array:
+    """`c_k = mean_j exp(i k theta_j): [len(ks)]` (complex), the Fourier coefficients of the
+    empirical measure of `x: [n, 2]` (points of the circle) at the integers `ks`."""
     check_floating("x", x)
     check_shape("x", x, (None, 2), "[n, 2]")
     z = jax.lax.complex(x[:, 0], x[:, 1])  # e^{i theta}
     ks = jnp.asarray(ks)
-    return jnp.abs(jnp.mean(z[None, :] ** ks[:, None], axis=-1))
+    return jnp.mean(z[None, :] ** ks[:, None], axis=-1)
 
 
-def circle_clusters(x, *, gap) -> tuple[jax.Array, jax.Array]:
-    """`(count, widest)` of `x: [n, 2]` on the circle: the number of clusters (groups of points
-    separated by angular gaps `> gap`, radians; 1 when no gap is that wide) and the angular span of
-    the widest cluster (`2 pi` when there is one). Traceable (vmap over runs and snapshots).
+def mode_amplitudes(x, ks) -> jax.Array:
+    """`|c_k|: [len(ks)]`, the moduli of `fourier_modes(x, ks)`."""
+    return jnp.abs(fourier_modes(x, ks))
+
+
+def linearized_modes(c0, ks, t, beta, *, normalized=True) -> np.ndarray:
+    """The solution of the mean-field equation on the circle linearized at the uniform measure:
+    `c_k(t) = c_k(0) exp(lambda_k t)` (`lambda_k = growth_rate(k, beta, 2)`), float64/complex128
+    numpy `[..., T, K]` for `c0: [..., K]` (Fourier coefficients at the integers `ks: [K]`, as
+    `fourier_modes`) and times `t: [T]`.
+
+    The continuity equation `d_t rho + d_theta(rho v[rho]) = 0` with the USA velocity
+    `v(theta) = -int exp(beta cos(theta - phi)) sin(theta - phi) rho(phi) dphi` reads, for
+    `c_k = int exp(i k theta) rho`, `dc_k/dt = -(k / beta) sum_p p I_p(beta) conj(c_p) c_(k+p)`;
+    at `c_0 = 1`, `c_(k != 0)` small, only `p = -k` is first order: `dc_k/dt = lambda_k c_k`.
+    """
+    c0 = np.asarray(c0)
+    ks, t = np.asarray(ks), np.asarray(t, np.float64)
+    if c0.shape[-1:] != ks.shape or ks.ndim != 1:
+        raise ValueError(f"c0 must have shape [..., K], K = len(ks) = {ks.size}, got {c0.shape}")
+    if t.ndim != 1:
+        raise ValueError(f"t must be a 1-D array of times, got shape {t.shape}")
+    rates = growth_rate(ks, beta, 2, normalized=normalized)  # [K]
+    return c0[..., None, :] * np.exp(t[:, None] * rates)
+
+
+def circle_cluster_sizes(x, *, gap) -> tuple[jax.Array, jax.Array]:
+    """`(sizes, widths)`, both `[n]`, of the clusters of `x: [n, 2]` on the circle (groups of
+    points separated by angular gaps `> gap`, radians): entry `c < count` holds the number of
+    points of cluster `c` and its angular span, the other entries 0; with no gap that wide, one
+    cluster of all points and width `2 pi`. Traceable (vmap over runs and snapshots).
 
     Sorted angles `theta_(1) <= ... <= theta_(n)` have gaps `g_i = theta_(i+1) - theta_(i)` (the
     last wraps around by `2 pi`); a cluster's span is the sum of the gaps `<= gap` inside it.
     """
     check_floating("x", x)
     check_shape("x", x, (None, 2), "[n, 2]")
+    n = x.shape[0]
     theta = jnp.sort(jnp.arctan2(x[:, 1], x[:, 0]))
     gaps = jnp.diff(theta, append=theta[:1] + 2 * jnp.pi)  # gaps[i]: from point i to i + 1
     split = gaps > gap
-    count = jnp.sum(split)
     start = jnp.argmax(split) + 1  # start right after a split
     gaps, split = jnp.roll(gaps, -start), jnp.roll(split, -start)
     cluster = jnp.cumsum(split) - split  # the cluster of each point
-    widths = jax.ops.segment_sum(jnp.where(split, 0.0, gaps), cluster, num_segments=x.shape[0])
-    widest = jnp.where(count > 0, jnp.max(widths), 2 * jnp.pi).astype(gaps.dtype)
-    return jnp.maximum(count, 1), widest
+    widths = jax.ops.segment_sum(jnp.where(split, 0.0, gaps), cluster, num_segments=n)
+    sizes = jax.ops.segment_sum(jnp.ones_like(cluster), cluster, num_segments=n)
+    none = ~jnp.any(split)
+    widths = jnp.where(none, jnp.zeros_like(widths).at[0].set(2 * jnp.pi), widths)
+    return sizes, widths.astype(gaps.dtype)
+
+
+def circle_clusters(x, *, gap) -> tuple[jax.Array, jax.Array]:
+    """`(count, widest)` of `x: [n, 2]` on the circle: the number of clusters (groups of points
+    separated by angular gaps `> gap`, radians; 1 when no gap is that wide) and the angular span of
+    the widest cluster (`2 pi` when there is one). Traceable (vmap over runs and snapshots); see
+    `circle_cluster_sizes`."""
+    sizes, widths = circle_cluster_sizes(x, gap=gap)
+    return jnp.sum(sizes > 0), jnp.max(widths)
 
 
 def cluster_count_circle(x, *, gap) -> jax.Array:

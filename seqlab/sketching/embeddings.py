@@ -24,7 +24,13 @@ import jax
 import jax.numpy as jnp
 
 from seqlab.ops.checks import check_positive_int
-from seqlab.sketching.sparse import SparseVectors, as_sparse, hashed_buckets
+from seqlab.sketching.sparse import (
+    SparseVectors,
+    as_vectors,
+    block_rows,
+    hashed_buckets,
+    map_row_blocks,
+)
 
 
 def _flat(x: SparseVectors) -> tuple[jax.Array, jax.Array]:
@@ -36,7 +42,11 @@ def _flat(x: SparseVectors) -> tuple[jax.Array, jax.Array]:
 class SparseMap:
     """The birthday map `R^d -> R^m` (module docstring); `apply(x)` for `x: [..., d]` dense or
     `SparseVectors` returns `[..., m]`. The hash is recomputed from `key` per coordinate, so the
-    map stores no `[d]` table."""
+    map stores no `[d]` table.
+
+    Cost: `SparseVectors` with `s` slots, `O(N s)` (one hash per slot, never a `[d]` array); dense
+    `[N, d]`, the `d` coordinates are hashed once per call and the rows are summed into buckets
+    by blocks of rows: time `O(N d)`, memory `O(N m)` beyond the input."""
 
     key: jax.Array
     d: int = flax.struct.field(pytree_node=False)
@@ -50,11 +60,16 @@ class SparseMap:
 
     def apply(self, x) -> jax.Array:
         """`Ax: [..., m]` for `x: [..., d]` or `SparseVectors` of dimension `d`."""
-        return _birthday_apply(self, as_sparse("x", x, self.d))
+        x = as_vectors("x", x, self.d)
+        if isinstance(x, SparseVectors):
+            return _birthday_apply(self, x)
+        return _birthday_apply_dense(self, x)
 
     def injective_on(self, x) -> jax.Array:
         """`[...]` bool: whether `h` is injective on the support of each vector of `x`."""
-        x = as_sparse("x", x, self.d)
+        x = as_vectors("x", x, self.d)
+        if not isinstance(x, SparseVectors):
+            return _injective_dense(self, x)
         idx, vals = _flat(x)
         bucket, _ = self.buckets(idx)
         nz = vals != 0
@@ -72,6 +87,35 @@ def _birthday_apply(emb: SparseMap, x: SparseVectors) -> jax.Array:
     return y.reshape(*x.batch_shape, emb.m)
 
 
+@jax.jit
+def _birthday_apply_dense(emb: SparseMap, x: jax.Array) -> jax.Array:
+    """`x: [..., d]` dense: `(Ax)_b = sum_{h(i) = b} sigma(i) x_i` with each coordinate hashed
+    once, by blocks of rows (`sparse.map_row_blocks`)."""
+    flat = x.reshape(-1, emb.d)
+    bucket, sign = emb.buckets(jnp.arange(emb.d, dtype=jnp.int32))  # [d] each
+    sign = sign.astype(x.dtype)[:, None]
+
+    def block(rows):  # [r, d] -> [r, m]: a scatter over the coordinate axis of the transpose
+        return jnp.zeros((emb.m, rows.shape[0]), x.dtype).at[bucket].add(rows.T * sign).T
+
+    y = map_row_blocks(block, flat, emb.m, x.dtype, block_rows(flat.shape[0], emb.d))
+    return y.reshape(*x.shape[:-1], emb.m)
+
+
+@jax.jit
+def _injective_dense(emb: SparseMap, x: jax.Array) -> jax.Array:
+    """`[...]` bool for dense `x: [..., d]`: no bucket holds two non-zeros (counts `[N, m]`)."""
+    flat = x.reshape(-1, emb.d)
+    bucket, _ = emb.buckets(jnp.arange(emb.d, dtype=jnp.int32))
+
+    def block(rows):  # [r, d] -> [r, m] non-zeros per bucket
+        nz = (rows.T != 0).astype(jnp.int32)
+        return jnp.zeros((emb.m, rows.shape[0]), jnp.int32).at[bucket].add(nz).T
+
+    counts = map_row_blocks(block, flat, emb.m, jnp.int32, block_rows(flat.shape[0], emb.d))
+    return jnp.all(counts <= 1, axis=-1).reshape(x.shape[:-1])
+
+
 def birthday_embedding(key: jax.Array, d: int, m: int, *, signed: bool = True) -> SparseMap:
     """The birthday map from `R^d` to `R^m` drawn from `key` (see `SparseMap`).
 
@@ -87,7 +131,11 @@ def birthday_embedding(key: jax.Array, d: int, m: int, *, signed: bool = True) -
 class MaxMap:
     """The max map `R^d -> R^{T m}` (module docstring), `T = repetitions`; `apply(x)` for
     non-negative `x: [..., d]` dense or `SparseVectors` returns `[..., T * m]` (repetition-major).
-    Compare images with `distance`, which rescales by `T^{-1/p}`."""
+    Compare images with `distance`, which rescales by `T^{-1/p}`.
+
+    Cost: `SparseVectors` with `s` slots, `O(N s T)`; dense `[N, d]`, the `T d` buckets are hashed
+    once per call and the rows are maxed into buckets by blocks of rows: time `O(N d T)`, memory
+    `O(N m T + T d)` beyond the input."""
 
     key: jax.Array
     d: int = flax.struct.field(pytree_node=False)
@@ -103,7 +151,10 @@ class MaxMap:
 
     def apply(self, x) -> jax.Array:
         """`f(x): [..., T * m]` for `x: [..., d]` or `SparseVectors` of dimension `d`."""
-        return _max_apply(self, as_sparse("x", x, self.d))
+        x = as_vectors("x", x, self.d)
+        if isinstance(x, SparseVectors):
+            return _max_apply(self, x)
+        return _max_apply_dense(self, x)
 
     def distance(self, fx: jax.Array, fy: jax.Array, p: float) -> jax.Array:
         """`T^{-1/p} ||fx - fy||_p` over the last axis (`p = inf`: the plain max), the estimate of
@@ -121,6 +172,26 @@ def _max_apply(emb: MaxMap, x: SparseVectors) -> jax.Array:
     src = jnp.broadcast_to(vals[:, None, :], bucket.shape)
     y = jnp.zeros((n, t, emb.m), vals.dtype).at[rows, reps, bucket].max(src)  # max with the {0}
     return y.reshape(*x.batch_shape, t * emb.m)
+
+
+@jax.jit
+def _max_apply_dense(emb: MaxMap, x: jax.Array) -> jax.Array:
+    """`x: [..., d]` dense: `f(x)_{r, b} = max({0} U {x_i : h_r(i) = b})`, each coordinate hashed
+    once per repetition, by blocks of rows and one repetition at a time."""
+    flat = x.reshape(-1, emb.d)
+    buckets = emb.buckets(jnp.arange(emb.d, dtype=jnp.int32))  # [T, d]
+
+    def block(rows):  # [r, d] -> [r, T m]
+        rows_t = rows.T
+
+        def rep(bucket):  # [d] -> [m, r], the max with the {0} of the zero fill
+            return jnp.zeros((emb.m, rows.shape[0]), x.dtype).at[bucket].max(rows_t)
+
+        return jnp.moveaxis(jax.lax.map(rep, buckets), 2, 0).reshape(rows.shape[0], -1)
+
+    t, m = emb.repetitions, emb.m
+    y = map_row_blocks(block, flat, t * m, x.dtype, block_rows(flat.shape[0], emb.d + t * m))
+    return y.reshape(*x.shape[:-1], t * m)
 
 
 def max_embedding(key: jax.Array, d: int, m: int, repetitions: int) -> MaxMap:

@@ -51,8 +51,9 @@ from seqlab.sketching.sparse import (
     JL,
     SAMPLING,
     SparseVectors,
-    as_sparse,
+    as_vectors,
     base_key,
+    block_rows,
     hashed_buckets,
     hashed_normals,
     hashed_uniforms,
@@ -60,11 +61,17 @@ from seqlab.sketching.sparse import (
     squared_norms,
 )
 
+# The estimate multiplies densified rows (a matmul) instead of scattering the `[slots, s_A, s_B]`
+# outer products when `DENSE_ESTIMATE s_A s_B >= d d'`: a scattered product costs a few ns, a
+# matmul's multiply-add a few hundredths.
+DENSE_ESTIMATE = 64
+
 
 @flax.struct.dataclass
 class RowSketch:
     """Sampled rows of a matrix: `slots` rows (the kept ones flagged in `kept`), each stored
-    sparsely.
+    sparsely. The order of the slots is unspecified (priority sketches store ascending ranks,
+    threshold sketches that did not overflow a fixed order of the row positions).
 
     Attributes:
       keys: `[slots]` int32 row keys.
@@ -99,14 +106,18 @@ class LinearSketch:
     kind: str = flax.struct.field(pytree_node=False)
 
 
-def _rows_and_keys(A, keys) -> tuple[SparseVectors, jax.Array]:
-    """Validate `A` (`[n, d]` dense or `SparseVectors` with values `[n, s]`) and `keys: [n]`."""
-    rows = as_sparse("A", A)
-    if len(rows.batch_shape) != 1:
-        raise ValueError(
-            f"A must hold rows [n, d] (or SparseVectors [n, s]), got {rows.values.shape}"
-        )
-    n = rows.batch_shape[0]
+def _rows_and_keys(A, keys) -> tuple[SparseVectors | jax.Array, jax.Array]:
+    """Validate `A` (`[n, d]` dense or `SparseVectors` with values `[n, s]`) and `keys: [n]`.
+
+    Dense `A` stays dense (the sketches have dense paths that never build `[n, d]` indices).
+    """
+    rows = as_vectors("A", A)
+    shape = rows.values.shape if isinstance(rows, SparseVectors) else rows.shape
+    if len(shape) != 2:
+        raise ValueError(f"A must hold rows [n, d] (or SparseVectors [n, s]), got {shape}")
+    n = shape[0]
+    if n == 0:
+        raise ValueError("A must hold at least one row, got 0")
     if keys is None:
         return rows, jnp.arange(n, dtype=jnp.int32)
     if not jnp.issubdtype(jnp.result_type(keys), jnp.integer):
@@ -116,37 +127,128 @@ def _rows_and_keys(A, keys) -> tuple[SparseVectors, jax.Array]:
     return rows, jnp.asarray(keys).astype(jnp.int32)
 
 
+def _norms_sq(rows) -> jax.Array:
+    """`||a_i||^2: [n]` of `SparseVectors` or dense `[n, d]` rows."""
+    if isinstance(rows, SparseVectors):
+        return squared_norms(rows)
+    return jnp.sum(rows * rows, axis=-1)
+
+
+def _take(rows, order: jax.Array) -> tuple[jax.Array, jax.Array, int]:
+    """`(indices, values, dim)` of the rows `order` (dense rows get all `d` column indices)."""
+    if isinstance(rows, SparseVectors):
+        return rows.indices[order], rows.values[order], rows.dim
+    d = rows.shape[1]
+    return jnp.broadcast_to(jnp.arange(d, dtype=jnp.int32), (order.shape[0], d)), rows[order], d
+
+
+def _concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
 def _seed(seed) -> jax.Array:
     if not jnp.issubdtype(jnp.result_type(seed), jnp.integer) or jnp.ndim(seed) != 0:
         raise ValueError(f"seed must be an integer scalar, got {seed!r}")
     return jnp.asarray(seed, jnp.int32)
 
 
-def _sample(rows, keys, seed, tau_of_ranks, slots: int) -> RowSketch:
-    """Keep the rows with `u / ||a||^2 < tau`; the `slots` lowest ranks are stored."""
-    w = squared_norms(rows)
+def _ranks(w: jax.Array, keys: jax.Array, seed: jax.Array) -> jax.Array:
+    """`rank_i = u(seed, key_i) / ||a_i||^2: [n]` (`inf` for zero rows)."""
     u = hashed_uniforms(base_key(seed, SAMPLING), keys, w.dtype)
-    rank = jnp.where(w > 0, u / jnp.where(w > 0, w, 1), jnp.inf)
-    neg_rank, order = jax.lax.top_k(-rank, min(slots + 1, rank.shape[0]))
+    return jnp.where(w > 0, u / jnp.where(w > 0, w, 1), jnp.inf)
+
+
+def _lowest(rank: jax.Array, q: int, bound=None) -> tuple[jax.Array, jax.Array]:
+    """`(the q smallest ranks ascending, their rows)`, `q <= n`.
+
+    With `bound` (a scalar), the rows with `rank < bound` are compacted first and the top_k runs
+    over at most `_CANDIDATES q` of them; that is exact whenever at least `q` and at most
+    `_CANDIDATES q` ranks lie below `bound`, else the plain top_k over all `n` runs (`lax.cond`).
+    """
+    n = rank.shape[0]
+
+    def full(_):
+        neg, order = jax.lax.top_k(-rank, q)
+        return -neg, order
+
+    if bound is None or n <= 2 * _CANDIDATES * q:
+        return full(None)
+    below = rank < bound
+    count = jnp.sum(below)
+
+    def candidates(_):
+        cand, _ = _compact(below, _CANDIDATES * q)
+        neg, pick = jax.lax.top_k(-jnp.where(jnp.arange(cand.shape[0]) < count, rank[cand],
+                                             jnp.inf), q)  # fmt: skip
+        return -neg, cand[pick]
+
+    return jax.lax.cond((count >= q) & (count <= _CANDIDATES * q), candidates, full, None)
+
+
+def _smallest(rank: jax.Array, tau_of_ranks, slots: int, bound=None):
+    """`(order [slots], kept [slots], tau, truncated)`: the `slots` lowest ranks, ascending, with
+    `tau = tau_of_ranks(the min(slots + 1, n) smallest ranks)` (`bound`: see `_lowest`)."""
+    sorted_ranks, order = _lowest(rank, min(slots + 1, rank.shape[0]), bound)
     # Materialize the selection once: without the barrier XLA on CPU recomputed the hash and
     # top_k for each output (measured 50 ms instead of 4 ms for n = 1e5 rows).
-    neg_rank, order = jax.lax.optimization_barrier((neg_rank, order))
-    sorted_ranks = -neg_rank  # the smallest ranks, ascending; only these are used below
+    sorted_ranks, order = jax.lax.optimization_barrier((sorted_ranks, order))
     tau = tau_of_ranks(sorted_ranks)
-    order = order[:slots]
-    kept = sorted_ranks[:slots] < tau
+    # `<=`: priority's tau is the (k+1)-th smallest rank, and a float32 tie of the k-th with it
+    # must still keep k rows (`<` kept k - 1); for a fixed tau it differs from `<` on a null event.
+    kept = (sorted_ranks[:slots] <= tau) & jnp.isfinite(sorted_ranks[:slots])
     # Overflow iff a row beyond the slots qualifies, i.e. the (slots+1)-th smallest rank does.
     truncated = sorted_ranks[slots] < tau if rank.shape[0] > slots else jnp.array(False)
+    return order[:slots], kept, tau, truncated
+
+
+# Priority sampling first keeps the rows with rank below `2 (k + 1) / ||A||_F^2` (about `2 (k + 1)`
+# rows when no row is heavy, at most `_CANDIDATES (k + 1)` used) and runs its top_k over those:
+# XLA's top_k over all n = 1e5 rows took 0.6 ms on CPU, the compaction and small top_k 0.2 ms.
+_CANDIDATES = 4
+
+
+# Columns of the mask in `_compact`: its prefix count is `_COMPACT` unrolled row additions and one
+# cumulative sum over `n / _COMPACT` column totals (jnp.cumsum over all n took 0.85 ms on CPU for
+# n = 1e5, this 0.1 ms).
+_COMPACT = 32
+
+
+def _compact(mask: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
+    """`(order [slots], count)`: the indices of the `count` True entries of `mask: [n]` in slots
+    `0..count-1` (in a fixed order, not ascending; the rest 0), when `count <= slots`.
+
+    The mask is read as a `[_COMPACT, n / _COMPACT]` grid numbered column by column: slot `j`
+    finds its column by a binary search in the columns' cumulative counts, then its row among
+    that column's `_COMPACT` entries (no scatter of `n` entries).
+    """
+    n = mask.shape[0]
+    cols = -(-n // _COMPACT)
+    grid = jnp.pad(mask, (0, _COMPACT * cols - n)).reshape(_COMPACT, cols).astype(jnp.int32)
+    upto = [grid[0]]  # True entries in rows 0..r of each column
+    for r in range(1, _COMPACT):
+        upto.append(upto[-1] + grid[r])
+    ends = jnp.cumsum(upto[-1])  # True entries in columns 0..c
+    slot = jnp.arange(slots, dtype=jnp.int32)
+    col = jnp.minimum(jnp.searchsorted(ends, slot, side="right"), cols - 1)
+    within = slot - (ends[col] - upto[-1][col])  # rank of the slot inside its column
+    row = jnp.sum(jnp.stack(upto)[:, col] <= within[None, :], axis=0)
+    count = ends[-1]
+    return jnp.where(slot < count, row * cols + col, 0).astype(jnp.int32), count
+
+
+def _sketch(rows, w, keys, seed, order, kept, tau, truncated) -> RowSketch:
+    """The `RowSketch` of the rows `order` (`kept` flags the sampled ones)."""
+    indices, values, dim = _take(rows, order)
     return RowSketch(
         keys=keys[order],
-        indices=rows.indices[order],
-        values=rows.values[order],
+        indices=indices,
+        values=values,
         norms_sq=w[order],
         kept=kept,
         tau=tau,
         seed=seed,
         truncated=truncated,
-        dim=rows.dim,
+        dim=dim,
     )
 
 
@@ -168,13 +270,17 @@ def priority_sketch(A, k: int, seed, keys=None) -> RowSketch:
 
 
 @functools.partial(jax.jit, static_argnums=3)
-def _priority(rows: SparseVectors, keys: jax.Array, seed: jax.Array, k: int) -> RowSketch:
-    n = rows.batch_shape[0]
+def _priority(rows, keys: jax.Array, seed: jax.Array, k: int) -> RowSketch:
+    n = keys.shape[0]
 
     def tau(sorted_ranks):
         return sorted_ranks[k] if n > k else jnp.array(jnp.inf, sorted_ranks.dtype)
 
-    return _sample(rows, keys, seed, tau, min(k, n))
+    w = jax.lax.optimization_barrier(_norms_sq(rows))  # see `_threshold`
+    total = jnp.sum(w)
+    bound = 2 * (k + 1) / jnp.where(total > 0, total, 1)
+    order, kept, tau, truncated = _smallest(_ranks(w, keys, seed), tau, min(k, n), bound)
+    return _sketch(rows, w, keys, seed, order, kept, tau, truncated)
 
 
 def threshold_sketch(A, k: int, seed, keys=None, capacity: int | None = None) -> RowSketch:
@@ -183,22 +289,42 @@ def threshold_sketch(A, k: int, seed, keys=None, capacity: int | None = None) ->
 
     `A`, `seed`, `keys` as in `priority_sketch`. The sketch has `capacity` slots (default `n`, which
     can never overflow); with a smaller capacity the lowest-ranked qualifying rows are stored and
-    `truncated` reports an overflow (the estimate is then biased).
+    `truncated` reports an overflow (the estimate is then biased). Without overflow the qualifying
+    rows are compacted in `O(n)` (no sort); an overflow costs a top_k over the `n` ranks.
     """
     check_positive_int("k", k)
     rows, keys = _rows_and_keys(A, keys)
-    n = rows.batch_shape[0]
+    n = keys.shape[0]
     capacity = n if capacity is None else capacity
     check_positive_int("capacity", capacity)
     return _threshold(rows, keys, _seed(seed), k, min(capacity, n))
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
-def _threshold(rows: SparseVectors, keys, seed, k: int, slots: int) -> RowSketch:
-    total = jnp.sum(squared_norms(rows))
-    tau = jnp.where(total > 0, k / jnp.where(total > 0, total, 1), 0).astype(rows.values.dtype)
-    # rank <= tau  <=>  u <= w tau; the strict `<` of `_sample` differs only on a null event.
-    return _sample(rows, keys, seed, lambda _: tau, slots)
+def _threshold(rows, keys, seed, k: int, slots: int) -> RowSketch:
+    # The barrier keeps XLA from summing the squares twice (per row and in total), which on CPU
+    # materialized the `[n, d]` squares of dense rows.
+    w = jax.lax.optimization_barrier(_norms_sq(rows))
+    total = jnp.sum(w)
+    tau = jnp.where(total > 0, k / jnp.where(total > 0, total, 1), 0).astype(w.dtype)
+    # rank <= tau  <=>  u <= w tau; the strict `<` here differs only on a null event.
+    rank = _ranks(w, keys, seed)
+    qualify = rank < tau
+    n = rank.shape[0]
+
+    def compact(_):  # every qualifying row fits: O(n), in the fixed order of `_compact`
+        order, count = _compact(qualify, slots)
+        return order, jnp.arange(slots) < count, jnp.array(False)
+
+    def lowest(_):  # overflow: keep the lowest ranks (a top_k over n)
+        order, kept, _, truncated = _smallest(rank, lambda _: tau, slots)
+        return order, kept, truncated
+
+    if slots >= n:  # cannot overflow
+        order, kept, truncated = compact(None)
+    else:
+        order, kept, truncated = jax.lax.cond(jnp.sum(qualify) <= slots, compact, lowest, None)
+    return _sketch(rows, w, keys, seed, order, kept, tau, truncated)
 
 
 def _linear(A, k: int, seed, keys, kind: str) -> LinearSketch:
@@ -208,7 +334,9 @@ def _linear(A, k: int, seed, keys, kind: str) -> LinearSketch:
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
-def _linear_core(rows: SparseVectors, keys, seed, k: int, kind: str) -> LinearSketch:
+def _linear_core(rows, keys, seed, k: int, kind: str) -> LinearSketch:
+    if not isinstance(rows, SparseVectors):
+        return LinearSketch(_linear_dense(rows, keys, seed, k, kind), seed, kind)
     key = base_key(seed, JL if kind == "jl" else COUNTSKETCH)
     lanes = jnp.arange(k)[None, :, None]
     if kind == "jl":
@@ -233,24 +361,46 @@ def _linear_core(rows: SparseVectors, keys, seed, k: int, kind: str) -> LinearSk
     return LinearSketch(sketch, seed, kind)
 
 
+def _linear_dense(A: jax.Array, keys, seed, k: int, kind: str) -> jax.Array:
+    """`S A: [k, d]` for dense `A: [n, d]` with temporaries `O(k d)` beyond `A`: JL is one
+    matmul `G^T A`; CountSketch adds the signed rows into their buckets by blocks of rows."""
+    n, d = A.shape
+    if kind == "jl":
+        g = hashed_normals(base_key(seed, JL), keys, k, A.dtype) / jnp.sqrt(k).astype(A.dtype)
+        return g.T @ A
+    bucket, sign = hashed_buckets(base_key(seed, COUNTSKETCH), keys, k)
+    sign = sign.astype(A.dtype)
+    rows = block_rows(n, d)
+    if rows == n:
+        return jnp.zeros((k, d), A.dtype).at[bucket].add(sign[:, None] * A)
+
+    def body(i, sketch):
+        # The last block is shifted back to end at row n; rows before i * rows are already in.
+        start = jnp.minimum(i * rows, n - rows)
+        block = jax.lax.dynamic_slice_in_dim(A, start, rows, 0)
+        first = jnp.arange(rows) + start >= i * rows
+        weight = jnp.where(first, jax.lax.dynamic_slice_in_dim(sign, start, rows), 0)
+        where = jax.lax.dynamic_slice_in_dim(bucket, start, rows)
+        return sketch.at[where].add(weight[:, None] * block)
+
+    return jax.lax.fori_loop(0, -(-n // rows), body, jnp.zeros((k, d), A.dtype))
+
+
 def jl_sketch(A, k: int, seed, keys=None) -> LinearSketch:
     """Gaussian Johnson-Lindenstrauss sketch `S A: [k, d]`, `S[:, i] = g(seed, key_i) / sqrt(k)`.
 
     `A`, `seed`, `keys` as in `priority_sketch`; sparse rows cost `O(k s)` each (memory
-    `min(n k s, n d)`: rows with `k s > d` are multiplied densely). Storage `k d` numbers
-    (`storage`).
+    `min(n k s, n d)`: rows with `k s > d` are multiplied densely); dense `[n, d]` rows are one
+    matmul. Storage `k d` numbers (`storage`).
     """
     return _linear(A, k, seed, keys, "jl")
 
 
 def countsketch(A, k: int, seed, keys=None) -> LinearSketch:
     """CountSketch `S A: [k, d]`: row `i` of `A` is added with sign `sigma(seed, key_i)` into row
-    `h(seed, key_i)` of the sketch. Storage `k d` numbers (`storage`)."""
+    `h(seed, key_i)` of the sketch; dense `[n, d]` rows are added by blocks of rows (memory
+    `O(k d)` beyond `A`). Storage `k d` numbers (`storage`)."""
     return _linear(A, k, seed, keys, "countsketch")
-
-
-def _concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
 
 
 def estimate_product(SA, SB) -> jax.Array:
@@ -288,11 +438,22 @@ def _estimate_rows(SA: RowSketch, SB: RowSketch) -> jax.Array:
     p_b = jnp.minimum(1, SB.norms_sq[j] * SB.tau)
     prob = jnp.where(SA.seed == SB.seed, jnp.minimum(p_a, p_b), p_a * p_b)
     weight = jnp.where(both, 1 / jnp.where(both, prob, 1), 0)  # [slots_A]
-    vb = SB.values[j]
+    dtype = jnp.result_type(SA.values, SB.values)
+    vb, ib = SB.values[j], SB.indices[j]
+    s_a, s_b = SA.values.shape[1], SB.values.shape[1]
+    if DENSE_ESTIMATE * s_a * s_b >= SA.dim * SB.dim:
+        # Full rows: one matmul of the densified rows, slots (d + d') + d d' memory.
+        slots = jnp.arange(SA.values.shape[0])[:, None]
+        da = (
+            jnp.zeros((SA.values.shape[0], SA.dim), dtype)
+            .at[slots, SA.indices]
+            .add((weight[:, None] * SA.values).astype(dtype))
+        )
+        db = jnp.zeros((SA.values.shape[0], SB.dim), dtype).at[slots, ib].add(vb.astype(dtype))
+        return jnp.matmul(da.T, db, precision=jax.lax.Precision.HIGHEST)
     contrib = weight[:, None, None] * SA.values[:, :, None] * vb[:, None, :]  # [slots, s_A, s_B]
     rows_i = jnp.broadcast_to(SA.indices[:, :, None], contrib.shape)
-    cols_i = jnp.broadcast_to(SB.indices[j][:, None, :], contrib.shape)
-    dtype = jnp.result_type(SA.values, SB.values)
+    cols_i = jnp.broadcast_to(ib[:, None, :], contrib.shape)
     return jnp.zeros((SA.dim, SB.dim), dtype).at[rows_i, cols_i].add(contrib.astype(dtype))
 
 

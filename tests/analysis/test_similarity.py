@@ -24,6 +24,7 @@ def _brute(x):
         average_pairwise_distance=np.mean(dist),
         dirichlet_energy=energy,
         relative_dirichlet_energy=energy / np.mean(np.sum(centered**2, -1)),
+        normalized_diameter=max(dist) / np.sqrt(np.mean(np.sum(centered**2, -1))),
     )
 
 
@@ -46,9 +47,12 @@ def test_invariances_and_scaling():
         assert_close(f(shifted), f(x))
         power = 2 if name == "dirichlet_energy" else 1
         assert_close(f(scaled), 3.0**power * f(x))
-    assert_close(
-        similarity.relative_dirichlet_energy(scaled), similarity.relative_dirichlet_energy(x)
-    )
+    for name in ("relative_dirichlet_energy", "normalized_diameter"):
+        f = getattr(similarity, name)
+        assert_close(f(scaled), f(x))
+        assert_close(f(shifted), f(x))
+    # Two distinct tokens: diameter 2 r, RMS distance to the mean r.
+    assert float(similarity.normalized_diameter(jnp.asarray([[0.0], [3.0]]))) == pytest.approx(2)
     # A smooth sequence has a small relative energy, an alternating one a large one.
     t = jnp.linspace(0.0, 1.0, 32)[:, None]
     # A ramp of T points: step^2 / variance = 12 / (T^2 - 1).

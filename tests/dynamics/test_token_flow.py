@@ -362,3 +362,74 @@ def test_hundred_thousand_particles_fit_in_blocks():
         w = np.exp(beta * (x64 @ x64[i] - 1))
         y = w @ x64 / w.sum()
         assert_close(got[i], y - (x64[i] @ y) * x64[i], jnp.float32)
+
+
+@pytest.mark.parametrize("normalized", [True, False])
+@pytest.mark.parametrize("with_maps", [False, True])
+def test_blocked_field_over_several_query_tiles(monkeypatch, normalized, with_maps):
+    # Tiles of 64 logits: with 8 keys a block, 8 queries a tile, 5 tiles (the last one padded).
+    monkeypatch.setattr(token_flow, "_TILE", 64)
+    rng = np.random.default_rng(13)
+    x = _sphere(rng, 37, 3)
+    maps = _maps(rng, 3, jnp.float64) if with_maps else {}
+    expected = token_flow.vector_field_reference(x, 3.0, normalized, **maps)
+    got = token_flow.vector_field(x, beta=3.0, normalized=normalized, block_size=8, **maps)
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize("block", [None, 16])
+def test_usa_with_identity_maps_does_not_overflow_in_the_sum(block):
+    # The sums are shifted by beta (every row's own logit): at beta = 90 in float32 each weight
+    # exp(90 <x_i, x_j>) of nearby tokens overflows (exp(88.7) is the largest float32), but the
+    # shifted sum times exp(90) / n does not; it equals the float64 reference.
+    rng = np.random.default_rng(14)
+    x = rng.normal(size=(64, 3)) * 0.05 + np.array([1.0, 0.0, 0.0])
+    x = jnp.asarray(x / np.linalg.norm(x, axis=1, keepdims=True))
+    got = token_flow.vector_field(x.astype(jnp.float32), beta=90.0, normalized=False,
+                                  block_size=block)  # fmt: skip
+    expected = token_flow.vector_field_reference(x, 90.0, normalized=False)
+    assert np.all(np.isfinite(np.asarray(got)))
+    np.testing.assert_allclose(got, expected, rtol=2e-3, atol=1e-3 * np.abs(expected).max())
+
+
+def test_fourier_modes_and_the_linearized_solution():
+    theta = np.random.default_rng(15).uniform(0, 2 * np.pi, 50)
+    x = _circle(theta)
+    ks = np.array([1, 2, 5])
+    modes = np.asarray(token_flow.fourier_modes(x, ks))
+    np.testing.assert_allclose(modes, np.exp(1j * ks[:, None] * theta).mean(1), atol=1e-12)
+    np.testing.assert_allclose(token_flow.mode_amplitudes(x, ks), np.abs(modes), atol=1e-12)
+    t = np.array([0.0, 0.3])
+    got = token_flow.linearized_modes(modes[None], ks, t, 4.0, normalized=False)
+    rates = token_flow.growth_rate(ks, 4.0, 2, normalized=False)
+    assert got.shape == (1, 2, 3)
+    np.testing.assert_allclose(got[0, 1], modes * np.exp(0.3 * rates), rtol=1e-14)
+    with pytest.raises(ValueError, match=r"c0 must have shape \[\.\.\., K\]"):
+        token_flow.linearized_modes(modes[:2], ks, t, 4.0)
+    with pytest.raises(ValueError, match="t must be a 1-D array"):
+        token_flow.linearized_modes(modes, ks, 0.3, 4.0)
+
+
+def test_linearized_modes_follow_the_particles_at_first_order():
+    # Equally spaced particles with a mode-3 perturbation of amplitude 1e-6: the particle mode
+    # after one unit of 1 / lambda_3 equals the linearized solution to O(amplitude^2).
+    beta, k, n = 4.0, 3, 90
+    theta = 2 * np.pi * np.arange(n) / n
+    x0 = _circle(theta + 2e-6 * np.sin(k * theta) / k)
+    rate = float(token_flow.growth_rate(k, beta, 2, normalized=False))
+    x1 = token_flow.integrate(x0, beta=beta, t1=1 / rate, n_steps=100, n_saves=1,
+                              normalized=False).xs[-1]  # fmt: skip
+    c0, c1 = (np.asarray(token_flow.fourier_modes(x, [k])) for x in (x0, x1))
+    linear = token_flow.linearized_modes(c0, [k], [1 / rate], beta, normalized=False)[0]
+    np.testing.assert_allclose(c1, linear, rtol=1e-5)
+
+
+def test_circle_cluster_sizes():
+    theta = np.concatenate([np.linspace(0, 0.05, 4), np.linspace(2, 2.03, 6), [4.0]])
+    sizes, widths = token_flow.circle_cluster_sizes(_circle(theta), gap=0.1)
+    assert sorted(np.asarray(sizes)[np.asarray(sizes) > 0].tolist()) == [1, 4, 6]
+    assert np.asarray(sizes).sum() == 11
+    np.testing.assert_allclose(sorted(np.asarray(widths)[:3]), [0.0, 0.03, 0.05], atol=1e-12)
+    one, width = token_flow.circle_cluster_sizes(_circle(np.linspace(0, 2 * np.pi, 40, False)),
+                                                 gap=0.5)  # fmt: skip
+    assert int(one[0]) == 40 and float(width[0]) == pytest.approx(2 * np.pi)

@@ -67,6 +67,7 @@ def _finetune(src_dir, workdir, arg: str):
     return config, _final_params(config, workdir)
 
 
+@pytest.mark.slow  # ~40 s; theory's test_lora_runs_move_only_lora_and_the_embedding covers the mask
 def test_lora_finetuning_at_another_step_count_moves_only_lora(saved_source, tmp_path):
     src_dir, src_params = saved_source
     config, params = _finetune(src_dir, tmp_path / "ft", "lora=2")

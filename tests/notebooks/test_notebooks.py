@@ -13,7 +13,7 @@ NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 MIN_FIGURES = {
     "mamba_dynamics.ipynb": 3,
     "ssm_bottleneck.ipynb": 3,
-    "metastability.ipynb": 6,
+    "metastability.ipynb": 10,
     "neural_ode.ipynb": 2,
 }
 

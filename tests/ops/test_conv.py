@@ -50,9 +50,10 @@ def test_matches_brute_force(dtype, with_bias, with_state):
 def test_decode_steps_equal_full_forward(length, width, dim):
     x, weight, bias, state = _inputs(jnp.float64, length=length, dim=dim, width=width)
     y, final = causal_conv1d(x, weight, bias, initial_state=state, return_final_state=True)
+    step = jax.jit(causal_conv1d_step)  # one compile per draw, not one per eager op
     carry, ys = state, []
     for t in range(length):
-        y_t, carry = causal_conv1d_step(x[:, t], carry, weight, bias)
+        y_t, carry = step(x[:, t], carry, weight, bias)
         ys.append(y_t)
     assert_close(jnp.stack(ys, axis=1), y)
     assert_close(carry, final)

@@ -88,6 +88,16 @@ def test_priority_keeps_every_row_when_k_exceeds_n_and_is_exact():
     assert_close(estimate_product(SA, SB), A.T @ B)
 
 
+def test_priority_keeps_k_rows_when_the_kth_rank_ties_tau():
+    # Two equal rows under one key have the same rank exactly: the k-th smallest equals tau.
+    A = jnp.asarray([[1.0, 2.0], [1.0, 2.0], [0.5, 0.0]], jnp.float32)
+    keys = jnp.asarray([5, 5, 9], jnp.int32)
+    u = _uniforms(3, keys, jnp.float32)
+    k = 1 if u[0] / 5 < u[2] / 0.25 else 2  # the tied pair at positions k - 1 and k
+    SA = priority_sketch(A, k, 3, keys)
+    assert int(SA.kept.sum()) == k
+
+
 def test_join_on_keys_is_exact_with_all_rows_kept():
     A, B, keys = _tables(3)
     keys_b = jnp.concatenate([keys[10:], jnp.arange(10**6, 10**6 + 10, dtype=jnp.int32)])
@@ -278,3 +288,97 @@ def test_mixed_sketches_on_a_partial_join_match_the_reference(seed, overlap):
         return
     assert set(ref_a[0]) & set(ref_b[0]) <= set(np.asarray(keys[:overlap]).tolist())
     assert_close(W, _reference_estimate(ref_a, ref_b, coordinated=True))
+
+
+def test_large_tables_take_the_fast_selections_and_match_the_reference():
+    """n = 2000 rows, k = 8: priority sampling selects among the ranks below 2(k+1)/||A||_F^2
+    (then a small top_k), threshold sampling with 4k slots compacts the qualifying rows; with a
+    heavy row the candidates are too few and priority falls back to the full top_k. Every case
+    keeps exactly the reference's rows with its tau."""
+    rng = np.random.default_rng(14)
+    n, k = 2000, 8
+    A = rng.normal(size=(n, 3))
+    heavy = A.copy()
+    heavy[7] *= 1e3  # one row holds most of ||A||_F^2: few ranks lie below the bound
+    keys = jnp.asarray(rng.choice(10**6, n, replace=False), jnp.int32)
+    for table in (A, heavy):
+        table = jnp.asarray(table)
+        for method, sketch in (
+            ("priority", priority_sketch(table, k, 3, keys)),
+            ("threshold", threshold_sketch(table, k, 3, keys, capacity=4 * k)),
+        ):
+            kept, tau = _reference_sample(table, keys, 3, k, method)
+            got = {int(key) for key, on in zip(sketch.keys, sketch.kept, strict=True) if on}
+            assert got == set(kept), method
+            assert float(sketch.tau) == pytest.approx(tau, rel=1e-12)
+            assert not bool(sketch.truncated)
+
+
+def test_compaction_finds_every_true_entry():
+    from seqlab.sketching.products import _compact
+
+    rng = np.random.default_rng(15)
+    n = 4097  # not a multiple of the 32 columns
+    compact = jax.jit(_compact, static_argnums=1)
+    for p in (0.0, 0.001, 0.01, 0.5, 1.0):
+        mask = rng.random(n) < p
+        order, count = (np.asarray(a) for a in compact(jnp.asarray(mask), n))
+        assert int(count) == mask.sum()
+        assert sorted(order[: int(count)].tolist()) == np.flatnonzero(mask).tolist()
+        assert np.all(order[int(count) :] == 0)
+
+
+def test_dense_rows_match_sparse_rows_on_every_path():
+    """Blocked CountSketch of dense `[n, d]` rows against the explicit matrix: 300 x 2000 rows
+    exceed BLOCK_ENTRIES, two blocks, the last shifted back over the first (whose rows it must
+    not add twice)."""
+    from seqlab.sketching import sparse
+
+    rng = np.random.default_rng(16)
+    n, d, s = 300, 2000, 3
+    assert sparse.block_rows(n, d) < n
+    A = np.zeros((n, d))
+    for row in A:
+        row[rng.choice(d, s, replace=False)] = rng.normal(size=s)
+    dense = jnp.asarray(A)
+    keys = jnp.asarray(rng.choice(10**6, n, replace=False), jnp.int32)
+    key = sp.base_key(5, sp.COUNTSKETCH)
+    bucket, sign = (np.asarray(a) for a in sp.hashed_buckets(key, keys, K))
+    C = np.zeros((K, n))
+    C[bucket, np.arange(n)] = sign
+    assert_close(countsketch(dense, K, 5, keys).sketch, C @ A)
+
+
+@pytest.mark.slow  # ~2.5 s CPU of compilation
+def test_dense_sketches_need_no_n_d_temporaries():
+    """Compiled temporaries of the four sketches of a dense `[4096, 2048]` float32 table (one
+    executable) stay below a tenth of the table (they were `n d` int32 indices, and `n d` squares
+    for threshold)."""
+    n, d = 4096, 2048
+
+    def build(a):
+        return (
+            priority_sketch(a, K, 0),
+            threshold_sketch(a, K, 0, capacity=4 * K),
+            jl_sketch(a, K, 0),
+            countsketch(a, K, 0),
+        )
+
+    table = jax.ShapeDtypeStruct((n, d), jnp.float32)
+    temp = jax.jit(build).lower(table).compile().memory_analysis().temp_size_in_bytes
+    assert temp < n * d * 4 / 10, temp
+
+
+def test_bad_sizes_and_ranks_name_the_argument():
+    A, _, keys = _tables(17)
+    with pytest.raises(ValueError, match="capacity must be a positive int"):
+        threshold_sketch(A, K, 0, keys, capacity=-1)
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        jl_sketch(A, -3, 0)
+    with pytest.raises(ValueError, match="A must hold at least one row"):
+        priority_sketch(A[:0], K, 0)
+    with pytest.raises(ValueError, match=r"A must hold rows \[n, d\]"):
+        threshold_sketch(A[0], K, 0)
+    bad = sp.SparseVectors(jnp.zeros((N, 2), jnp.int32), jnp.ones((N, 3)), D)
+    with pytest.raises(ValueError, match=r"A.indices and A.values must have the same shape"):
+        priority_sketch(bad, K, 0)

@@ -67,3 +67,18 @@ def test_hashed_normals_are_standard_normal():
     g = sparse.hashed_normals(jax.random.key(2), jnp.arange(4000), 3, jnp.float64)
     assert g.shape == (4000, 3)
     assert stats.kstest(np.asarray(g).ravel(), "norm").pvalue > 1e-3
+
+
+def test_hashed_uniforms_of_different_seeds_and_neighbouring_ids_are_uncorrelated():
+    """The sampling uniforms come from a keyed integer mixer (`sparse.mix_bits`): seeds must give
+    unrelated draws (independent sketches) and consecutive ids (row-index keys) too."""
+    ids = jnp.arange(40000)
+    u = [np.asarray(sparse.hashed_uniforms(sparse.base_key(s, sparse.SAMPLING), ids, jnp.float64))
+         for s in (0, 1)]  # fmt: skip
+    bound = 4 / np.sqrt(ids.size)  # 4 standard errors of a correlation coefficient
+    assert abs(np.corrcoef(u[0], u[1])[0, 1]) < bound
+    assert abs(np.corrcoef(u[0][:-1], u[0][1:])[0, 1]) < bound
+    # float32 and float64 draws of one id share their leading bits.
+    u32 = np.asarray(sparse.hashed_uniforms(sparse.base_key(0, sparse.SAMPLING), ids, jnp.float32))
+    np.testing.assert_allclose(u32, u[0], atol=2**-23)
+    assert np.all(u32 > 0) and np.all(u32 <= 1)

@@ -1,6 +1,8 @@
 """The properties behind the coordinated-sampling claims, at small sizes over hypothesis-drawn
-seeds: unbiasedness, the variance bound, the sparsity advantage, the join regression and the
-attention product; each assertion can fail."""
+seeds: unbiasedness, the variance bound, the sparsity advantage, coordination against independent
+seeds (with the negative control: independent seeds fail the tail form that coordinated sampling
+meets at the same k), the storage advantage at d >> s, the join regression and the attention
+product; each assertion can fail. The decision helpers are checked on known inputs."""
 
 import math
 
@@ -8,12 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqlab.sketching import priority_sketch, storage
+from seqlab.modules.lm import LanguageModel
+from seqlab.sketching import SparseVectors, priority_sketch, product_sketch_rows, storage
 from tests.conftest import assert_close
-from theory.coordinated_sampling import claims, measures
+from theory.coordinated_sampling import claims, measures, train
 
 SEEDS = st.integers(0, 2**31 - 1)
 N, D, S, K, TRIALS = 80, 10, 3, 8, 300
@@ -83,13 +86,32 @@ def test_join_regression_from_the_exact_product_is_exact(seed):
 
 
 @pytest.mark.slow  # compiles a LanguageModel; the claim itself checks this and fails otherwise
-def test_attention_product_is_the_model_attention():
-    q, k, v, o = measures.attention_activations(jax.random.key(0), 32)
-    P = measures.attention_weights(q, k)
-    assert P.shape == (4, 32, 32)
-    assert_close(jnp.sum(P, -1), jnp.ones((4, 32), P.dtype))
-    assert float(jnp.max(jnp.abs(jnp.triu(P, 1)))) == 0.0  # causal
-    assert_close(jnp.einsum("hts,shd->thd", P, v), o)
+def test_attention_product_is_the_model_attention_in_every_block():
+    model = LanguageModel(
+        vocab_size=32, d_model=32, pattern="aa", attention={"num_heads": 4, "head_dim": 8}
+    )
+    tokens = jnp.arange(24) % 32
+    params = model.init(jax.random.key(0), tokens[None])["params"]
+    blocks = measures.attention_activations(model, params, tokens)
+    assert len(blocks) == 2
+    for q, k, v, o in blocks:
+        P = measures.attention_weights(q, k)
+        assert P.shape == (4, 24, 24)
+        assert_close(jnp.sum(P, -1), jnp.ones((4, 24), P.dtype))
+        assert float(jnp.max(jnp.abs(jnp.triu(P, 1)))) == 0.0  # causal
+        assert_close(jnp.einsum("hts,shd->thd", P, v), o)
+    with pytest.raises(ValueError, match="pattern"):
+        measures.attention_activations(model.clone(pattern="am"), params, tokens)
+
+
+def test_lm_setup_follows_the_lm_config():
+    c = train.config(train.Setup(seq_len=64, batch_size=2, steps=10, d_model=32, num_layers=1))
+    assert (c.model.name, c.data.name) == ("attention", "bytes")
+    assert (c.data.seq_len, c.batch_size, c.total_steps) == (64, 2, 10)
+    assert (c.model.d_model, c.model.num_layers, c.model.d_ff) == (32, 1, 256)
+    assert c.optimizer.warmup_steps == 2
+    full = train.config(claims.ATTENTION_SETUP["full"])
+    assert (full.data.seq_len, full.model.d_model, full.model.num_layers) == (1024, 128, 4)
 
 
 def test_product_pair_is_two_tables_and_their_exact_product():
@@ -98,3 +120,115 @@ def test_product_pair_is_two_tables_and_their_exact_product():
     np.testing.assert_allclose(truth, Ad.T @ Bd)
     assert scale == pytest.approx(np.linalg.norm(Ad) * np.linalg.norm(Bd))
     assert np.all(np.count_nonzero(Ad, axis=1) == 2)
+
+
+# Tables for the coordination, tail and storage properties: n >> k, so that independent samples
+# rarely meet (rms error ~ sqrt(n) / k against ~ 1 / sqrt(k) coordinated), and d >> s.
+LN, LD, LS = 2000, 200, 2
+TAIL = 0.3  # eps = delta
+TAIL_K = product_sketch_rows(TAIL, TAIL, "priority")  # 2 / (0.3 * 0.09) + 1 -> 76
+
+
+def _large(seed, fraction=1.0):
+    rng = np.random.default_rng(seed)
+    A, B = (measures.random_rows(rng, LN, LD, LS) for _ in range(2))
+    ka, kb = measures.shared_keys(LN, fraction)
+    truth = measures.exact_product(A, B, ka, kb)
+    return (
+        A,
+        B,
+        jnp.asarray(ka),
+        jnp.asarray(kb),
+        truth,
+        measures.frobenius(A) * measures.frobenius(B),
+    )
+
+
+def _relative(method, tables, rows, count=30):
+    A, B, ka, kb, truth, scale = tables
+    return measures.error_trials(method, A, B, rows, np.arange(count), truth, ka, kb)[0] / scale
+
+
+@settings(max_examples=4)
+@given(seed=SEEDS, fraction=st.sampled_from([0.3, 1.0]))
+def test_coordinated_meets_the_tail_bound_and_independent_seeds_do_not(seed, fraction):
+    tables = _large(seed, fraction)
+    coordinated = _relative("priority", tables, TAIL_K)
+    assert measures.tail_holds(coordinated, TAIL, TAIL)[0]
+    if fraction < 1:
+        # Few shared rows: independent samples meet ~0.3 times per trial, so their error is
+        # carried by rare trials that 30 cannot measure (the claim's tables are 10x larger).
+        return
+    independent = _relative("priority_indep", tables, TAIL_K)
+    assert measures.rms(independent) >= 2 * measures.rms(coordinated)
+    # Negative control: the same decision on independent seeds says "fails".
+    assert not measures.tail_holds(independent, TAIL, TAIL)[0]
+
+
+@settings(max_examples=2)
+@given(seed=SEEDS)
+def test_linear_sketches_need_more_than_ten_times_the_storage_at_d_much_larger_than_s(seed):
+    tables = _large(seed)
+    priority = _relative("priority", tables, TAIL_K).mean()
+    rows = round(10 * (TAIL_K * (2 * LS + 1) + 1) / LD)  # 10x priority's storage per table
+    assert _relative("jl", tables, rows, count=3).mean() > priority
+
+
+def test_exact_product_matches_keys_and_the_dense_product():
+    rng = np.random.default_rng(0)
+    A, B = measures.random_rows(rng, 30, 12, 3), measures.random_rows(rng, 30, 7, 2)
+    ka, kb = measures.shared_keys(30, 0.4)
+    assert np.sum(np.isin(ka, kb)) == 12 and len(set(kb)) == 30
+    Ad, Bd = measures.dense_of(A), measures.dense_of(B)
+    np.testing.assert_allclose(measures.exact_product(A, B), Ad.T @ Bd, atol=1e-12)
+    np.testing.assert_allclose(
+        measures.exact_product(A, B, ka, kb), Ad[:12].T @ Bd[:12], atol=1e-12
+    )
+    assert measures.frobenius(A) == pytest.approx(np.linalg.norm(Ad))
+    with pytest.raises(ValueError, match="fraction"):
+        measures.shared_keys(30, 1.5)
+
+
+@given(seed=SEEDS, s=st.sampled_from([1, 3, 5, 9]))
+def test_distinct_columns_are_distinct_and_in_range(seed, s):
+    idx = measures.distinct_columns(np.random.default_rng(seed), 500, 9 if s == 9 else 40, s)
+    assert idx.shape == (500, s) and idx.min() >= 0 and idx.max() < (9 if s == 9 else 40)
+    assert all(len(set(row)) == s for row in idx)
+    with pytest.raises(ValueError, match="s must"):
+        measures.distinct_columns(np.random.default_rng(0), 5, 4, 5)
+
+
+def test_batched_error_trials_equal_one_product_at_a_time():
+    rng = np.random.default_rng(1)
+    tables = [(measures.random_rows(rng, 40, 10, 3), rng.normal(size=(40, 4))) for _ in range(3)]
+    A = SparseVectors(
+        jnp.stack([a.indices for a, _ in tables]), jnp.stack([a.values for a, _ in tables]), 10
+    )
+    B = jnp.asarray(np.stack([b for _, b in tables]), jnp.float32)
+    truth = np.stack([measures.dense_of(a).T @ b for a, b in tables])
+    err, st_ = measures.batched_error_trials("priority", A, B, 8, np.arange(5), truth)
+    for g, (a, b) in enumerate(tables):
+        one, st1 = measures.error_trials(
+            "priority", a, jnp.asarray(b, jnp.float32), 8, np.arange(5), truth[g]
+        )
+        np.testing.assert_allclose(err[g], one, rtol=1e-5)
+        np.testing.assert_array_equal(st_[g], st1)
+    with pytest.raises(ValueError, match="coordinated"):
+        measures.batched_error_trials("priority_indep", A, B, 8, np.arange(5), truth)
+
+
+def test_decision_helpers_on_known_inputs():
+    assert measures.tail_holds(np.r_[np.zeros(9), 1.0], 0.5, 0.1) == (True, 0.9)
+    assert measures.tail_holds(np.r_[np.zeros(8), 1.0, 1.0], 0.5, 0.1) == (False, 0.8)
+    storage = np.array([1.0, 10.0, 100.0])
+    errors = 1 / np.sqrt(storage)
+    assert measures.storage_to_reach(storage, errors, 1 / np.sqrt(40.0)) == pytest.approx(40.0)
+    assert measures.storage_to_reach(storage, errors, 0.01) == math.inf
+    assert measures.storage_to_reach(storage, errors, 2.0) == 1.0
+    P = np.zeros((20, 20))
+    P[:, 0] = 1.0
+    assert measures.top_share(P, 0.05) == 1.0
+    assert measures.top_share(np.ones((20, 20)), 0.05) == pytest.approx(0.05)
+    assert measures.rms([3.0, 4.0]) == pytest.approx(math.sqrt(12.5))
+    with pytest.raises(ValueError, match="method"):
+        measures.sketch_pair("nope", None, None, 1, 0)

@@ -1,6 +1,7 @@
 """The properties behind the claims: eigenvalue signs and rank of M = S_C^T S_B (sign
 constraint), and the token-ODE behaviours (convergence, blow-up, slow divergence, 2-D cases)."""
 
+import dataclasses
 import math
 
 import jax
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from seqlab.dynamics import mamba_ode
 from seqlab.modules.mamba import Mamba
-from theory.mamba_dynamics import measures
+from theory.mamba_dynamics import measures, train
 
 D_MODEL, N, INITS = 4, 3, 6  # d_inner = 8 > N, so rank <= N is a real constraint
 
@@ -169,3 +170,141 @@ def test_one_d_draws_ranges_and_save_times():
     assert np.all(np.diff(np.log(ts)) > 0)
     field = measures.one_d_field(-1.0, 2.0, 0.5)
     assert field.M.shape == field.S_delta.shape == (1, 1) and field.a.shape == (1,)
+
+
+# -- the 1-D criterion: mixed signs, the dichotomy ----------------------------------------------
+
+
+def test_scenario_and_blowup_bound():
+    x = np.float32([-0.7, 0.9, -1.1])
+    assert measures.scenario_1d(-1.0, 1.0, x) == "converges"
+    assert measures.scenario_1d(1.0, 1.0, x) == "fast"  # s x_2 > 0
+    assert measures.scenario_1d(1.0, -1.0, -np.abs(x)) == "fast"
+    assert measures.scenario_1d(1.0, 1.0, -np.abs(x)) == "slow"
+    with pytest.raises(ValueError, match="x0"):
+        measures.scenario_1d(1.0, 1.0, np.float32([0.5, 0.0]))
+    # T* depends on |x0| and s sign(x0) only; inf where s x0 <= 0 or mu <= 0.
+    assert measures.blowup_time(1.3, 0.7, -0.6) == math.inf
+    assert measures.blowup_time(-1.3, 0.7, 0.6) == math.inf
+    assert measures.blowup_time(1.3, -0.7, -0.6) == pytest.approx(
+        measures.blowup_time(1.3, 0.7, 0.6)
+    )
+    # A larger start blows up sooner; the bound is the smallest T* of the positive tokens.
+    assert measures.blowup_time(1.3, 0.7, 1.2) < measures.blowup_time(1.3, 0.7, 0.6)
+    bound = measures.blowup_bound(1.3, 0.7, np.float32([-2.0, 0.6, 1.2]))
+    assert bound == pytest.approx(measures.blowup_time(1.3, 0.7, float(np.float32(1.2))))
+    assert measures.blowup_bound(1.3, 0.7, np.float32([-2.0, -0.6])) == math.inf
+    with pytest.raises(ValueError, match="one sign"):
+        measures.time_to_reach(1.0, 1.0, 0.5, -1.0)
+
+
+def test_draws_put_the_first_positive_token_at_l0_and_cycle_the_scenarios():
+    mu, s, _, x0, l0 = measures.first_positive_draws(jax.random.key(5), 6, 5)
+    positive = s[:, None] * x0 > 0
+    assert np.all(mu > 0) and np.all((l0 >= 2) & (l0 <= 5))
+    assert np.all(np.argmax(positive, axis=1) + 1 == l0)
+    mu, s, _, x0 = measures.scenario_draws(jax.random.key(6), 9, 4)
+    got = [measures.scenario_1d(*args) for args in zip(mu, s, x0, strict=True)]
+    assert got == list(measures.SCENARIOS) * 3
+
+
+def test_mixed_signs_blow_up_within_the_bound_and_the_prefix_diverges_slowly():
+    mu, s, a, x0, l0 = measures.first_positive_draws(jax.random.key(7), 2, 3)
+    for m, ss, aa, x, first in zip(mu, s, a, x0, l0, strict=True):
+        seen = measures.observe_1d(m, ss, aa, x, 1e4)
+        assert seen["label"] == "blows_up" and seen["monotone"] == "up"
+        assert seen["t_blowup"] <= measures.blowup_bound(m, ss, x) * (1 + 1e-3)
+        prefix = np.where(np.arange(3) < first - 1, x, 0.0)
+        before = measures.observe_1d(m, ss, aa, prefix, 1e4)
+        assert before["label"] == "diverges" and before["ratio"].size == first - 1
+
+
+def test_observe_tells_the_scenarios_apart():
+    # Negative controls of the blow-up test: the same x0 without a positive token (slow) or with
+    # mu < 0 gives no blow-up.
+    x = np.float32([-0.8, -1.2, 0.9])
+    assert measures.observe_1d(1.2, 0.9, 1.0, x, 1e4)["label"] == "blows_up"
+    slow = measures.observe_1d(1.2, 0.9, 1.0, -np.abs(x), 1e4)
+    assert slow["label"] == "diverges" and slow["monotone"] == "up" and np.isnan(slow["t_blowup"])
+    down = measures.observe_1d(-1.2, 0.9, 1.0, x, 1e4)
+    assert down["label"] == "converges" and down["monotone"] == "down"
+
+
+# -- higher dimensions -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_definite_field_has_a_definite_symmetric_part(sign):
+    field = measures.definite_field(jax.random.key(8), 4, sign)
+    m = np.asarray(field.M, np.float64)
+    assert np.all(sign * np.linalg.eigvalsh((m + m.T) / 2) >= 0.5 - 1e-5)
+    assert np.linalg.norm(m - m.T) > 0.1  # not symmetric
+    with pytest.raises(ValueError, match="sign"):
+        measures.definite_field(jax.random.key(8), 4, 0.5)
+
+
+def test_negative_definite_decays_like_inverse_sqrt_and_an_indefinite_one_does_not():
+    ts = measures.save_times(1e6)
+    field = measures.definite_field(jax.random.key(0), 3, -1.0)
+    x0 = jax.random.normal(jax.random.key(10), (4, 3), jnp.float32)
+    ratio, exponent = measures.decay_summary(measures.token_norms(x0, field, ts, 30.0))
+    assert np.all(ratio <= 0.1) and np.all(np.abs(exponent + 0.5) <= 0.05)
+    # Negative control: flip one eigenvalue of sym(M) to positive: the same check fails.
+    m = np.asarray(field.M, np.float64)
+    w, v = np.linalg.eigh((m + m.T) / 2)
+    w[-1] = -w[-1]
+    indefinite = field._replace(M=jnp.asarray(v @ np.diag(w) @ v.T + (m - m.T) / 2, jnp.float32))
+    ratio, exponent = measures.decay_summary(measures.token_norms(x0, indefinite, ts, 30.0))
+    assert not (np.all(ratio <= 0.1) and np.all(np.abs(exponent + 0.5) <= 0.05))
+
+
+def test_positive_definite_first_token_norm_does_not_decrease():
+    field = measures.definite_field(jax.random.key(1), 3, 1.0)
+    x0 = jax.random.normal(jax.random.key(11), (4, 3), jnp.float32)
+    first = measures.token_norms(x0, field, measures.save_times(1e6), 30.0)
+    dense = measures.dense_times(first["t_end"])
+    assert measures.norm_x1_min_step(measures.token_norms(x0, field, dense, 30.0)) >= -1e-6
+
+
+def test_norm_and_decay_helpers_on_known_curves():
+    ts = np.geomspace(1e-3, 1e6, 41)
+    norms = np.stack([2 * ts**-0.5, 3 * ts**-0.5], axis=1) + 0.0
+    norms[0] = [4.0, 5.0]
+    ratio, exponent = measures.decay_summary(dict(ts=ts, norms=norms))
+    np.testing.assert_allclose(ratio, [2e-3 / 4, 3e-3 / 5])
+    np.testing.assert_allclose(exponent, -0.5, atol=1e-9)
+    rising = dict(norms=np.array([[1.0, 5.0], [1.5, 1.0], [np.inf, np.inf]]))
+    assert measures.norm_x1_min_step(rising) == pytest.approx(0.5)
+    assert measures.norm_x1_min_step(dict(norms=np.array([[1.0], [0.5]]))) == pytest.approx(-0.5)
+    stopped = dict(ts=ts[:3], norms=np.array([[1.0], [2.0], [np.inf]]))
+    assert np.isnan(measures.decay_summary(stopped)[0]).all()
+
+
+# -- the refinements' decision rule and training --------------------------------------------------
+
+
+def test_compare_decides_as_stated():
+    chance = 0.1
+    assert train.compare([0.3, 0.35, 0.32], [0.4, 0.41, 0.36], chance)["decision"] == "holds"
+    # Negative control: the baseline better -> fails.
+    out = train.compare([0.4, 0.41, 0.36], [0.3, 0.35, 0.32], chance)
+    assert out["decision"] == "fails" and out["mean_difference"] < 0 and out["pairs_won"] == 0
+    assert train.compare([0.3, 0.4, 0.35], [0.33, 0.42, 0.36], chance)["decision"] == "inconclusive"
+    assert (
+        train.compare([0.1, 0.12, 0.11], [0.13, 0.14, 0.12], chance)["decision"] == "inconclusive"
+    )
+    assert train.compare([1.0] * 3, [1.0] * 3, chance)["decision"] == "inconclusive"
+    with pytest.raises(ValueError, match="S >= 3"):
+        train.compare([0.3, 0.4], [0.5, 0.6], chance)
+
+
+@pytest.mark.slow
+def test_train_arm_seeds_train_as_alone():
+    small = train.Setup(8, 8, 1, 8, 1, 2, 4, 5, 1e-2, 1, seeds=(0, 1, 2))
+    together = train.train_arm(small, "reorder")
+    alone = train.train_arm(dataclasses.replace(small, seeds=(1,)), "reorder")
+    assert together["accuracy"].shape == (3,) and together["train_loss"].shape == (3, 5)
+    np.testing.assert_allclose(together["train_loss"][1], alone["train_loss"][0], rtol=1e-4)
+    np.testing.assert_allclose(together["loss"][1], alone["loss"][0], rtol=1e-4)
+    with pytest.raises(ValueError, match="arm"):
+        train.model_block(small, "unknown")

@@ -1,7 +1,10 @@
-"""The properties behind the neural-ODE claims on a tiny untrained ODETransformer: the adapter
-integrates the model's own flow, the spectra and exponents are those of its weights and Jacobian,
-finite differences converge to the exponents, the Euler discretizations converge with the step
-count; the claims themselves run end to end at a tiny size (slow)."""
+"""The properties behind the neural-ODE claims on tiny untrained models: the adapter integrates the
+model's own flow, the spectra and exponents are those of its weights and Jacobian, finite
+differences converge to the exponents, the Euler discretizations converge with the step count;
+the stacked discrete models of `runs` are the `DiscreteTransformer`s they stand for and LoRA runs
+move only LoRA factors and the embedding; each claim's decision on constructed inputs where the
+statement holds and where it does not (the negative controls); the claims run end to end at a
+tiny size (slow)."""
 
 import dataclasses
 import functools
@@ -13,10 +16,10 @@ import numpy as np
 import optax
 import pytest
 
-from seqlab.analysis import lyapunov
+from seqlab.analysis import lyapunov, spectra
 from seqlab.modules.ode_transformer import ODETransformer
 from tests.conftest import assert_close
-from theory.neural_ode import claims, measures, train
+from theory.neural_ode import claims, measures, runs, train
 from theory.registry import Context
 
 T_LEN, VOCAB = 5, 11
@@ -146,12 +149,169 @@ def test_eval_loss_is_the_mean_scored_cross_entropy():
     np.testing.assert_allclose(got, float(jnp.sum(nll * scored) / scored.sum()), rtol=1e-5)
 
 
+# -- the stacked discrete models of `runs` -----------------------------------------------------
+
+TINY_LM = dataclasses.replace(
+    runs.LM_QUICK,
+    d_model=8,
+    num_heads=2,
+    d_ff=12,
+    time_features=3,
+    hidden=4,
+    num_steps=2,
+    seq_len=6,
+    batch_size=2,
+    lora_rank=2,
+)
+
+
+@functools.cache
+def _tiny_lm():
+    """`(ode params, discrete params of 2 layers, tokens [2, 6])` of `TINY_LM` (float32)."""
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, runs.VOCAB, (2, 6)), jnp.int32)
+    ode = jax.jit(runs.ode_model(TINY_LM).init)(jax.random.key(1), tokens)["params"]
+    ode = jax.tree.map(
+        lambda p: p + 0.2 * jnp.cos(jnp.arange(p.size, dtype=p.dtype)).reshape(p.shape), ode
+    )
+    discrete = jax.jit(runs.discrete_model(TINY_LM, 2).init)(jax.random.key(2), tokens)["params"]
+    return ode, discrete, tokens
+
+
+def test_stacks_are_the_discrete_models_they_stand_for():
+    ode, discrete, tokens = _tiny_lm()
+    logits = jax.jit(functools.partial(runs.stacked_logits, TINY_LM))  # one shape: 4 layers
+    want = jax.jit(runs.discrete_model(TINY_LM, 2).apply)({"params": discrete}, tokens)
+    stack = runs.to_stack(discrete, 2, 4, 2, jax.random.key(0))
+    assert_close(logits(stack, tokens), want)  # inactive padding changes nothing
+    padded = runs.pad_stack(runs.to_stack(discrete, 2, 2, 2, jax.random.key(0)), 4)
+    assert_close(logits(padded, tokens), want)
+    jax.tree.map(np.testing.assert_array_equal, padded["layers"], stack["layers"])
+    ode_apply = jax.jit(runs.ode_model(TINY_LM).apply, static_argnames="num_steps")
+    resampled = runs.resample(TINY_LM, ode, 3, 4, jax.random.key(0))  # evaluate_at at 3 steps
+    assert_close(logits(resampled, tokens), ode_apply({"params": ode}, tokens, num_steps=3))
+    moved = dict(stack, lora={k: {**f, "u": f["u"] + 0.1} for k, f in stack["lora"].items()})
+    assert float(jnp.max(jnp.abs(logits(moved, tokens) - want))) > 1e-3  # LoRA acts
+
+
+def test_lora_runs_move_only_lora_and_the_embedding():
+    _, discrete, tokens = _tiny_lm()
+    stacks = [runs.to_stack(discrete, 2, 3, 2, jax.random.key(r)) for r in range(2)]
+    masks = [
+        runs.trainable_mask(s, lora=lora) for s, lora in zip(stacks, (True, False), strict=True)
+    ]
+    batch = {"inputs": np.asarray(tokens), "targets": np.roll(np.asarray(tokens), -1, axis=1)}
+    params, losses, _ = runs.train_runs(
+        runs.stack_logits_fn(TINY_LM),
+        runs.stack_runs(stacks),
+        lambda i: {k: np.stack([v, v]) for k, v in batch.items()},
+        steps=3,
+        learning_rate=1e-2,
+        masks=runs.stack_runs(masks),
+    )
+    assert losses.shape == (3, 2)
+    lora_run, full_run = runs.run(params, 0), runs.run(params, 1)
+    for name in ("layers", "active"):  # frozen in the LoRA run: bit-identical
+        jax.tree.map(np.testing.assert_array_equal, lora_run[name], stacks[0][name])
+    assert np.abs(lora_run["lora"]["wq"]["u"]).max() > 0
+    table = lora_run["embedding"]["embedding"]
+    assert not np.array_equal(table, stacks[0]["embedding"]["embedding"])
+    jax.tree.map(  # the final norm is frozen
+        np.testing.assert_array_equal, lora_run["embedding"]["norm"], stacks[0]["embedding"]["norm"]
+    )
+    jax.tree.map(np.testing.assert_array_equal, full_run["lora"], stacks[1]["lora"])
+    assert not np.array_equal(full_run["layers"]["wq"], stacks[1]["layers"]["wq"])
+    np.testing.assert_array_equal(full_run["layers"]["wq"][2], 0.0)  # the padded layer
+
+
+# -- the decisions, where the statement holds and where it does not -----------------------------
+
+
+def test_positive_share_reads_the_sign_of_ov_and_the_decision_can_fail():
+    rng = np.random.default_rng(0)
+    wv = rng.standard_normal((4, 6, 2, 3))  # [S, D, H, K]
+    ov = lambda wo: np.asarray(  # noqa: E731
+        jax.vmap(spectra.ov_eigenvalues)(jnp.asarray(wv), jnp.asarray(wo))
+    )
+    copying = ov(np.transpose(wv, (0, 2, 3, 1)))  # W_O = W_V^T: W_V W_O is PSD, attractive
+    repulsive = ov(-np.transpose(wv, (0, 2, 3, 1)))
+    np.testing.assert_allclose(measures.positive_share(copying), 1.0)
+    np.testing.assert_allclose(measures.positive_share(repulsive), 0.0)
+    ts = np.arange(4) / 4
+    late_positive = np.stack([repulsive[0], repulsive[1], copying[2], copying[3]])
+    share = measures.positive_share(late_positive)
+    assert measures.early_late(ts, share) == (0.0, 1.0)
+    assert claims.ov_sign_decision(ts, np.stack([share] * 3))[0]
+    # Negative controls: repulsive late depths, and a random (initialization-like) spectrum.
+    assert not claims.ov_sign_decision(ts, np.stack([share[::-1]] * 3))[0]
+    random = ov(rng.standard_normal((4, 2, 3, 6)))
+    assert not claims.ov_sign_decision(ts, np.stack([measures.positive_share(random)] * 3))[0]
+
+
+def test_pair_exponents_are_the_top_exponents_of_the_jacobian_blocks():
+    model, params, tokens = _tiny(jnp.float64)
+    x0 = measures.initial_state(model, params, tokens)
+    lam = measures.pair_exponents(model, params, x0, 3)
+    flow = lambda x: lyapunov.integrate(measures.token_field(model, params), x, num_steps=3)  # noqa: E731
+    jac = np.asarray(jax.jit(jax.jacfwd(flow))(x0))  # [T, D, T, D]
+    for q in range(T_LEN):
+        for i in range(q + 1):
+            top = np.linalg.svd(jac[q, :, i, :], compute_uv=False)[0]
+            np.testing.assert_allclose(lam[q, i], np.log(top), rtol=1e-9)
+    assert np.all(np.isneginf(lam[np.triu_indices(T_LEN, 1)]))  # causal
+
+
+def test_recall_pairs_hits_and_the_kv_decision():
+    inputs = np.array([3, 9, 5, 12, 0, 5, 7, 3])  # keys 3, 5 with values 9, 12; queries at 5, 7
+    targets = np.full(8, -100)
+    targets[5], targets[7] = 12, 9
+    pairs = measures.recall_pairs(inputs, targets, -100)
+    assert pairs == [(5, 2, 3), (7, 0, 1)]
+    lam = np.full((8, 8), -1.0)
+    lam[5, 3], lam[7, 4] = 2.0, 2.0  # query 5 points at its value; query 7 at a wrong token
+    np.testing.assert_array_equal(measures.kv_hits(lam, pairs), [True, False])
+    assert measures.chance_rate(pairs) == pytest.approx((2 / 5 + 2 / 7) / 2)
+    assert claims.kv_decision(np.ones(12, bool), 0.2) == (True, True)
+    # Negative controls: hits at chance level fail; too few queries cannot decide.
+    assert claims.kv_decision(np.arange(12) % 4 == 0, 0.2)[0] is False
+    assert claims.kv_decision(np.ones(3, bool), 0.2)[1] is False
+
+
+def _finals(ode_full, ode_lora, discrete, scratch):
+    counts = (2, 4, 8)
+    final = {("scratch", 4, "full"): scratch}
+    for mode, values in (("full", ode_full), ("lora", ode_lora)):
+        final |= {("ode", m, mode): v for m, v in zip(counts, values, strict=True)}
+    final |= {("discrete", 4, "full"): discrete[0], ("discrete", 4, "lora"): discrete[1]}
+    return final, counts
+
+
+def test_the_fig6_decisions_hold_and_fail():
+    paper_like, counts = _finals([2.2, 2.1, 2.05], [2.6, 2.5, 2.45], (2.06, 2.55), 3.0)
+    assert claims.beats_scratch(paper_like, counts)[0]
+    assert claims.more_steps_better(paper_like, counts)[0]
+    assert claims.ode_beats_discrete(paper_like, counts)[0]
+    # Negative controls: scratch wins at N/2; fewer steps fine-tune better; discrete LoRA wins.
+    worse, _ = _finals([3.1, 2.1, 2.05], [2.4, 2.5, 2.6], (2.06, 2.3), 3.0)
+    assert not claims.beats_scratch(worse, counts)[0]
+    assert not claims.more_steps_better(worse, counts)[0]
+    assert not claims.ode_beats_discrete(worse, counts)[0]
+
+
+def test_comparable_is_a_perplexity_ratio():
+    assert claims.comparable([2.0, 2.1, 2.0], [2.0, 2.0, 2.05])[0]
+    assert not claims.comparable([2.2, 2.2, 2.2], [2.0, 2.0, 2.0])[0]  # 22% higher perplexity
+
+
 @pytest.mark.slow
 def test_claims_run_at_a_tiny_size(tmp_path, monkeypatch):
     tiny_setup = dataclasses.replace(
         train.QUICK, d_model=16, d_ff=32, seq_len=8, train_steps=20, eval_batches=1, num_steps=4
     )
+    tiny_lm = dataclasses.replace(
+        TINY_LM, seq_len=16, pretrain_steps=6, finetune_steps=4, eval_batches=1
+    )
     monkeypatch.setattr(train, "setup_for", lambda full: tiny_setup)
+    monkeypatch.setattr(runs, "lm_setup_for", lambda full: tiny_lm)
     for claim in claims.PAPER.claims:
         ctx = Context(claim.id, False, jax.random.key(0), tmp_path)
         outcome = claim.measure(ctx)

@@ -55,3 +55,50 @@ def error_by_storage(path, curves, *, xlabel, ylabel, title):
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=100)
+
+
+def error_histograms(path, errors, *, eps=None, title=""):
+    """Histograms of per-trial relative errors, one per method (`errors[method]: [trials]`), with
+    `eps` as a vertical line when given."""
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.subplots()
+    top = max(float(np.max(e)) for e in errors.values())
+    bins = np.linspace(0, max(top, eps or 0) * 1.05, 60)
+    for method, e in errors.items():
+        ax.hist(e, bins=bins, alpha=0.6, label=method)
+    if eps is not None:
+        ax.axvline(eps, color="k", ls="--", label=f"eps = {eps}")
+    ax.set(xlabel="||W - A^T B||_F / (||A||_F ||B||_F)", ylabel="trials")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+
+
+def storage_curves(path, curves, reference, *, title):
+    """Error against storage per linear method (`curves[method] = (storage, error)`), with the
+    sampling sketch's `reference = (storage, error)` point and its 10x storage marked."""
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.subplots()
+    for method, (st, err) in curves.items():
+        ax.loglog(st, err, "o-", label=method)
+    ax.loglog(*reference, "k*", ms=12, label="priority (coordinated)")
+    ax.axhline(reference[1], color="k", ls=":", lw=0.8)
+    ax.axvline(10 * reference[0], color="gray", ls="--", lw=0.8, label="10x priority's storage")
+    ax.set(xlabel="storage (numbers, both sketches)", ylabel="mean relative Frobenius error")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+
+
+def by_fraction(path, fractions, panels, *, title):
+    """One panel per normalization (`panels[ylabel][method] = [error per fraction]`), error
+    against the fraction of shared keys."""
+    fig = Figure(figsize=(5 * len(panels), 3.8), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    for ax, (ylabel, curves) in zip(axes, panels.items(), strict=True):
+        for method, values in curves.items():
+            ax.loglog(fractions, values, "o-", label=method)
+        ax.set(xlabel="fraction of shared keys", ylabel=ylabel)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=100)

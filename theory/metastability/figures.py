@@ -62,32 +62,128 @@ def cluster_counts(path, betas, predicted, measured, traj, ts, states, linear_en
     fig.savefig(path, dpi=100)
 
 
-def count_histogram(path, outcome, predicted, beta, n):
-    """The fractions of runs by first metastable count, `k*` highlighted."""
-    fig = Figure(figsize=(5, 4), layout="constrained")
+def count_histogram(path, outcome, predicted, beta, n, ks, race):
+    """The fractions of runs by first metastable count against our race estimate, `k*`
+    highlighted."""
+    fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.subplots()
     values, freq = np.unique(outcome, return_counts=True)
-    ax.bar(values, freq / len(outcome), color=["C1" if v == predicted else "C0" for v in values])
+    colors = ["C1" if v == predicted else "C0" for v in values]
+    ax.bar(values - 0.2, freq / len(outcome), width=0.4, color=colors, label="simulated")
+    ax.bar(ks + 0.2, race, width=0.4, color="gray", label="race estimate (ours)")
     ax.set(
         xlabel="first metastable cluster count (-1: none)",
         ylabel="fraction of runs",
         title=f"iid uniform starts, SA, beta={beta:g}, n={n}: k*={predicted} (orange)",
     )
+    ax.legend(fontsize=8)
     fig.savefig(path, dpi=100)
 
 
-def counts_in_time(path, ts, counts, clustered, beta, n):
-    """The cluster count of every run against time (log scale), where clustered."""
+def formation_times(path, ns, t_sat, slope, offset, curves, beta):
+    """Saturation times against ln n with the fitted and predicted lines, and the largest mode
+    amplitude of every run."""
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    logs = np.log(ns)
+    for x, t in zip(logs, t_sat, strict=True):
+        left.plot(np.full(len(t), x), t, ".", color="C0", alpha=0.4)
+    means = [np.nanmean(t) for t in t_sat]
+    left.plot(logs, means, "o", color="C1", label=f"mean (slope {slope:.2f})")
+    left.plot(logs, 0.5 * logs + offset, "--", color="gray", label="ln(n)/2 + const")
+    left.set(
+        xlabel="ln n",
+        ylabel="t_sat (units of 1/lambda_k*)",
+        title=f"USA, beta={beta:g}: max |c_k| reaches 1/2",
+    )
+    left.legend(fontsize=8)
+    for i, (ts, amp) in enumerate(curves):
+        right.semilogy(ts, amp.T, color=f"C{i}", alpha=0.3, lw=0.8)
+        right.plot([], [], color=f"C{i}", label=f"n={ns[i]}")
+    right.axhline(0.5, color="gray", ls=":")
+    right.set(xlabel="t (units of 1/lambda_k*)", ylabel="max_k |c_k|", title="every run")
+    right.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+
+
+def cluster_phases(path, shown, errors, nulls, k, n, beta):
+    """Measured cluster centres against the peaks of the initial `k*` mode (first runs), and the
+    centre errors against those of another run's phase."""
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    for i, (centres, phase) in enumerate(shown[:8]):
+        predicted = (phase + 2 * np.pi * np.arange(k)) / k
+        left.plot(np.full(k, i), np.mod(predicted, 2 * np.pi), "_", ms=18, color="gray")
+        left.plot(np.full(len(centres), i), np.mod(centres, 2 * np.pi), "o", color="C1")
+    left.set(
+        xlabel="run",
+        ylabel="angle",
+        ylim=(0, 2 * np.pi),
+        title=f"USA, beta={beta:g}, n={n}: centres (o), (arg c_k*(0) + 2 pi m)/k* (-)",
+    )
+    bins = np.linspace(0, 1, 21)
+    right.hist(errors, bins=bins, alpha=0.7, label="own initial phase")
+    right.hist(nulls, bins=bins, alpha=0.5, label="another run's phase")
+    right.axvline(0.25, color="gray", ls=":")
+    right.set(xlabel="mean centre error (units of pi/k*)", ylabel="runs")
+    right.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+
+
+def mean_field(path, ns, rms, slope, shown, ks, beta):
+    """The RMS relative error against n with `n^(-1/2)`, and one size's mode amplitudes against
+    the linearized solution."""
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    ns = np.asarray(ns, np.float64)
+    left.loglog(ns, rms, "o-", label=f"particles (slope {slope:.2f})")
+    left.loglog(ns, rms[0] * np.sqrt(ns[0] / ns), "--", color="gray", label="n^(-1/2)")
+    left.set(xlabel="n", ylabel="RMS relative error", title="modes vs linearized mean field")
+    left.legend(fontsize=8)
+    n, ts, modes = shown
+    rates = token_flow.growth_rate(ks, beta, 2, normalized=False) / token_flow.growth_rate(
+        token_flow.dominant_mode(beta, 2), beta, 2, normalized=False
+    )
+    for i, k in enumerate(ks[:4]):
+        (line,) = right.semilogy(ts, np.abs(modes[0, :, i]), label=f"k={k}")
+        linear = np.abs(modes[0, 0, i] * np.exp(rates[i] * ts))
+        right.semilogy(ts, linear, ":", color=line.get_color())
+    right.set(
+        xlabel="t (units of 1/lambda_k*)",
+        ylabel="|c_k| (dotted: linearized)",
+        title=f"one run, n={n}, USA beta={beta:g}",
+    )
+    right.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+
+
+def lifetimes(path, betas, lives, medians, window, n):
+    """The lifetime of every run's first metastable state against beta, and the medians."""
     fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.subplots()
-    for c, k in zip(counts, clustered, strict=True):
-        ax.step(ts, np.where(k, c, np.nan), where="post", alpha=0.7)
+    for b, life in zip(betas, lives, strict=True):
+        shown = np.where(np.isinf(life), window, life)
+        ax.plot(np.full(len(life), b), shown, ".", color="C0", alpha=0.5)
+    ax.plot(betas, np.minimum(medians, window), "o-", color="C1", label="median")
+    ax.axhline(window, color="gray", ls=":", label="window (never changed)")
     ax.set(
-        xscale="log",
-        xlabel="t (units of 1 / lambda_k*)",
-        ylabel="clusters (when clustered)",
-        title=f"USA, beta={beta:g}, n={n}: plateaus then merges",
+        yscale="log",
+        xlabel="beta",
+        ylabel="lifetime (units of 1/lambda_k*)",
+        title=f"SA, n={n}: first metastable state",
     )
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+
+
+def attention_bridge(path, dts, errors, slope, beta, n):
+    """The largest token error of the attention network against the layer step."""
+    fig = Figure(figsize=(5, 4), layout="constrained")
+    ax = fig.subplots()
+    ax.loglog(dts, errors, "o-", label=f"Attention layers (order {slope:.2f})")
+    ax.loglog(dts, errors[0] * dts / dts[0], "--", color="gray", label="O(dt)")
+    ax.set(xlabel="dt = t1 / layers", ylabel="max token error", title=f"beta={beta:g}, n={n}")
+    ax.legend(fontsize=8)
     fig.savefig(path, dpi=100)
 
 

@@ -77,3 +77,83 @@ def smoothing(path, curves, title):
         ax.set(xlabel="layer", ylabel=key.replace("_", " "), title=title)
     axes[0].legend(fontsize=8)
     fig.savefig(path, dpi=100)
+
+
+def rate_vs_a_max(path, sweep, fit, conv_size):
+    """Mean log-influence profiles of the A_max sweep; decay rate against log(1 / A_max)."""
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    for a, prof in zip(sweep["a_max"], sweep["profiles"], strict=True):
+        r = conv_size + np.arange(len(prof))
+        left.plot(r, prof - prof[0], ".-", ms=3, label=f"A_max = {a:.3g}")
+    left.set(xlabel="distance t - s", ylabel="mean log-influence (shifted to 0)", title="recency")
+    left.legend(fontsize=7)
+    x = np.log(1.0 / sweep["a_max"])
+    grid = np.geomspace(x.min(), x.max(), 50)
+    right.loglog(x, sweep["rate"], "o", label="measured decay rate")
+    right.loglog(
+        grid,
+        np.exp(fit["intercept"]) * grid ** fit["slope"],
+        "-",
+        lw=0.8,
+        label=f"fit: exponent {fit['slope']:.3f}",
+    )
+    right.loglog(grid, grid, "k:", label="rate = log(1 / A_max)")
+    right.set(xlabel="log(1 / A_max)", ylabel="decay rate per token", title="rate against A_max")
+    right.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+
+
+def log_linear(path, fits):
+    """Mean log-influence against distance in the trained models, with their lines and R^2."""
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.subplots()
+    for i, (name, f) in enumerate(fits.items()):
+        r = f["distances"]
+        ax.plot(r, f["profile"], ".", color=f"C{i}", label=f"{name} (R^2 = {f['r2']:.3f})")
+        ax.plot(r, f["intercept"] + f["slope"] * r, "-", color=f"C{i}", lw=0.8)
+    ax.set(xlabel="distance t - s", ylabel="mean log ||dh_t / de_s||", title="trained on MQAR")
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+
+
+def oversmoothing_bound(path, rows):
+    """Per A_min: sup-norm diameter ratio per layer against the bound; energy against layer."""
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    for i, r in enumerate(rows):
+        layer = np.arange(1, len(r["ratio"]) + 1)
+        label = f"A_min = {r['a_min']:g}"
+        left.plot(layer, r["ratio"], ".-", color=f"C{i}", label=label)
+        left.plot(layer, r["bound"], ":", color=f"C{i}", lw=0.8)
+        e = r["curves"]["relative_dirichlet_energy"]
+        right.semilogy(np.arange(len(e)), e, ".-", color=f"C{i}", label=label)
+    left.set(xlabel="layer", ylabel="sup-diameter out / in", title="Theorem 4.2 (dotted: bound)")
+    left.legend(fontsize=7)
+    right.set(xlabel="layer", ylabel="relative Dirichlet energy", title="over-smoothing")
+    fig.savefig(path, dpi=100)
+
+
+def mqar(path, runs, setup):
+    """Accuracy of every seed per model and depth; mean training loss curves."""
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    names = [(p, L) for L in setup.depths for p in (False, True)]
+    for i, key in enumerate(names):
+        acc = 100 * np.asarray(runs[key]["accuracy"])
+        left.plot(np.full(acc.shape, i), acc, "o", color="C1" if key[0] else "C0")
+        left.plot([i - 0.2, i + 0.2], [acc.mean()] * 2, "k-")
+        loss = np.asarray(runs[key]["losses"]).mean(axis=0)
+        right.plot(loss, ls="-" if key[0] else "--", label=f"{_name(key)}")
+    left.axhline(100 * setup.chance, color="0.5", ls=":", label="chance")
+    left.set_xticks(range(len(names)), [_name(k) for k in names])
+    left.set(ylabel=f"accuracy at {setup.eval_kv} pairs (%)", title="MQAR, one dot per seed")
+    left.legend(fontsize=8)
+    right.set(xlabel="step", ylabel="training loss (mean over seeds)", title="training")
+    right.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+
+
+def _name(key):
+    polarized, layers = key
+    return f"{'polar' if polarized else 'default'}-{layers}"
