@@ -298,6 +298,7 @@ def main_for(papers: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS)
         module = "theory" if len(papers) > 1 else f"theory.{papers[0]}"
         command = " ".join(
             [f"python -m {module} --readme", *(["--full"] if f.full else []), f"--seed {f.seed}"]
+            + ([f"--only {','.join(f.only)}"] if f.only else [])
         )
         return run(
             registry.load_papers(papers),

@@ -443,18 +443,30 @@ def _estimate_rows(SA: RowSketch, SB: RowSketch) -> jax.Array:
     s_a, s_b = SA.values.shape[1], SB.values.shape[1]
     if DENSE_ESTIMATE * s_a * s_b >= SA.dim * SB.dim:
         # Full rows: one matmul of the densified rows, slots (d + d') + d d' memory.
-        slots = jnp.arange(SA.values.shape[0])[:, None]
-        da = (
-            jnp.zeros((SA.values.shape[0], SA.dim), dtype)
-            .at[slots, SA.indices]
-            .add((weight[:, None] * SA.values).astype(dtype))
+        slots = jnp.broadcast_to(jnp.arange(SA.values.shape[0])[:, None], SA.indices.shape)
+        da = _scatter_add(
+            (SA.values.shape[0], SA.dim),
+            slots,
+            SA.indices,
+            (weight[:, None] * SA.values).astype(dtype),
         )
-        db = jnp.zeros((SA.values.shape[0], SB.dim), dtype).at[slots, ib].add(vb.astype(dtype))
+        slots = jnp.broadcast_to(slots[:, :1], ib.shape)
+        db = _scatter_add((SA.values.shape[0], SB.dim), slots, ib, vb.astype(dtype))
         return jnp.matmul(da.T, db, precision=jax.lax.Precision.HIGHEST)
     contrib = weight[:, None, None] * SA.values[:, :, None] * vb[:, None, :]  # [slots, s_A, s_B]
     rows_i = jnp.broadcast_to(SA.indices[:, :, None], contrib.shape)
     cols_i = jnp.broadcast_to(ib[:, None, :], contrib.shape)
-    return jnp.zeros((SA.dim, SB.dim), dtype).at[rows_i, cols_i].add(contrib.astype(dtype))
+    return _scatter_add((SA.dim, SB.dim), rows_i, cols_i, contrib.astype(dtype))
+
+
+def _scatter_add(shape: tuple[int, int], rows, cols, values) -> jax.Array:
+    """`zeros(shape).at[rows, cols].add(values)`, through flat indices `rows * shape[1] + cols`
+    where they fit in int32: XLA's CPU scatter into a 2-D operand took 91 ms for 64k updates into
+    `[1e4, 1e3]`, the flat one 18 ms (most of it zeroing the output)."""
+    if shape[0] * shape[1] >= 2**31:
+        return jnp.zeros(shape, values.dtype).at[rows, cols].add(values)
+    flat = rows.astype(jnp.int32) * shape[1] + cols.astype(jnp.int32)
+    return jnp.zeros(shape[0] * shape[1], values.dtype).at[flat].add(values).reshape(shape)
 
 
 def storage(sketch) -> jax.Array:

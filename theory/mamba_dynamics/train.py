@@ -25,6 +25,7 @@ import numpy as np
 
 from seqlab.train import build_model, make_datasets, make_optimizer, optimizer_config
 from seqlab.train.step import create_state, eval_step, train_step
+from theory import common
 
 # The arms: keyword arguments of `seqlab.modules.mamba.Mamba` on top of the setup's `d_state`.
 ARMS = {
@@ -57,17 +58,10 @@ class Setup:
         return 2.0 / self.vocab_size
 
 
-def data_block(setup: Setup) -> ml_collections.ConfigDict:
-    """The `data` block of `seqlab.train.make_datasets` for `setup` (one kv count)."""
-    return ml_collections.ConfigDict(
-        dict(
-            name="mqar",
-            seq_len=setup.seq_len,
-            vocab_size=setup.vocab_size,
-            num_kv_pairs=(setup.num_kv_pairs,),
-            eval_num_kv_pairs=(setup.num_kv_pairs,),
-            power_a=0.01,
-        )
+def _data(setup: Setup):
+    """The `mqar` data block of `setup` (one kv count, trained and evaluated)."""
+    return common.mqar_data(
+        setup.seq_len, setup.vocab_size, (setup.num_kv_pairs,), setup.num_kv_pairs
     )
 
 
@@ -106,7 +100,7 @@ def train_arm(setup: Setup, arm: str) -> dict:
     seeds = setup.seeds
     if not seeds:
         raise ValueError("setup.seeds must name at least one seed")
-    data = [make_datasets(data_block(setup), batch_size=setup.batch_size, seed=s) for s in seeds]
+    data = [make_datasets(_data(setup), batch_size=setup.batch_size, seed=s) for s in seeds]
     model = build_model(model_block(setup, arm), data[0][2])
     opt = optimizer_config(learning_rate=setup.learning_rate, warmup_steps=setup.train_steps // 10)
     tx = make_optimizer(opt, setup.train_steps)

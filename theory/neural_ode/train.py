@@ -11,13 +11,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from seqlab.modules.ode_transformer import ODETransformer
 from seqlab.train import Trainer, make_datasets, make_mesh, make_optimizer, optimizer_config
 from seqlab.train.data import Dataset
 from seqlab.train.step import eval_step, evaluate_batches
+from theory import common
 
 _eval_step = jax.jit(eval_step, static_argnums=0)
 
@@ -67,16 +67,10 @@ class Trained:
         return float(np.log(self.setup.vocab_size))
 
 
-def _data_block(setup: Setup) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict(
-        dict(
-            name="mqar",
-            seq_len=setup.seq_len,
-            vocab_size=setup.vocab_size,
-            num_kv_pairs=(setup.num_kv_pairs,),
-            eval_num_kv_pairs=(setup.num_kv_pairs,),
-            power_a=0.01,
-        )
+def _data(setup: Setup):
+    """The `mqar` data block of `setup` (one kv count, trained and evaluated)."""
+    return common.mqar_data(
+        setup.seq_len, setup.vocab_size, (setup.num_kv_pairs,), setup.num_kv_pairs
     )
 
 
@@ -122,7 +116,7 @@ def eval_loss(model, params, batches, num_steps: int) -> float:
 def trained(setup: Setup) -> Trained:
     """The model of `setup` at init and after `setup.train_steps` Adam steps (cached)."""
     train_data, evals, vocab = make_datasets(
-        _data_block(setup), batch_size=setup.batch_size, seed=setup.seed
+        _data(setup), batch_size=setup.batch_size, seed=setup.seed
     )
     model = ODETransformer(
         vocab_size=vocab,

@@ -23,6 +23,7 @@ from seqlab.modules.lm import LanguageModel
 from seqlab.modules.mamba import Mamba
 from seqlab.train import create_state, make_datasets, make_optimizer, optimizer_config
 from seqlab.train.step import scored_sums
+from theory import common
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,16 +60,7 @@ FULL = Setup(256, 8192, (16, 32, 64), 64, 128, 16, 64, 5000, 1e-3, 200, 8)
 
 def data_block(setup: Setup) -> ml_collections.ConfigDict:
     """The `data` block of the runs (`seqlab.train.data`, task `mqar`)."""
-    return ml_collections.ConfigDict(
-        dict(
-            name="mqar",
-            seq_len=setup.seq_len,
-            vocab_size=setup.vocab_size,
-            num_kv_pairs=tuple(setup.train_kv),
-            eval_num_kv_pairs=(setup.eval_kv,),
-            power_a=0.01,
-        )
-    )
+    return common.mqar_data(setup.seq_len, setup.vocab_size, setup.train_kv, setup.eval_kv)
 
 
 def model(setup: Setup, *, polarized: bool, layers: int) -> LanguageModel:
