@@ -176,6 +176,17 @@ def test_recency_fit_rejects_bad_distances():
         measures.recency_fit(_geometric(0.5), 2, 16)
 
 
+def test_recency_fit_stops_where_the_influence_underflows_float32():
+    # 1e-6^r is below float32's smallest normal (1.2e-38) from r = 7: the profile keeps r = 2..6,
+    # where the slope is still exact; with the profile cut to fewer than 3 points it refuses.
+    fit = measures.recency_fit(_geometric(1e-6, length=20), 2, 18)
+    assert list(fit["distances"]) == [2, 3, 4, 5, 6]
+    assert np.all(np.isfinite(fit["profile"]))
+    assert fit["slope"] == pytest.approx(np.log(1e-6), rel=1e-10)
+    with pytest.raises(ValueError, match="underflow"):
+        measures.recency_fit(_geometric(1e-13, length=20), 2, 18)
+
+
 # -- over-smoothing -----------------------------------------------------------------------------
 
 

@@ -52,7 +52,9 @@ def recency_fit(infl: np.ndarray, min_distance: int, max_distance: int | None = 
 
     `profile[r] = mean_{b, t} log infl[b, t, t - r]` for `r = min_distance..max_distance`
     (default `T - 1`); `slope`, `slope_stderr` and `intercept` of a least-squares line through it
-    (`rates.line_fit`).
+    (`rates.line_fit`). The profile stops before the first distance at which some influence is
+    below float32's smallest normal number (the mixers run in float32: a fast decay underflows to 0
+    and its log to -inf); at least 3 distances must remain.
     """
     length = infl.shape[-1]
     top = length - 1 if max_distance is None else max_distance
@@ -60,6 +62,16 @@ def recency_fit(infl: np.ndarray, min_distance: int, max_distance: int | None = 
         raise ValueError(
             f"distances must satisfy 0 <= min_distance < max_distance - 1 <= T - 2 = {length - 2}, "
             f"got min_distance={min_distance}, max_distance={max_distance}"
+        )
+    tiny = np.finfo(np.float32).tiny
+    for r in range(min_distance, top + 1):
+        if not np.min(np.diagonal(infl, offset=-r, axis1=1, axis2=2)) >= tiny:
+            top = r - 1
+            break
+    if top - min_distance < 2:
+        raise ValueError(
+            f"influences underflow float32 from distance {top + 1}: fewer than 3 distances from "
+            f"min_distance={min_distance} to fit"
         )
     distances = np.arange(min_distance, top + 1)
     profile = np.array(
@@ -242,7 +254,8 @@ def recency_sweep(
     `xs: [B, T, d_model]` and its line over distances `min_distance..max_distance`.
 
     Returns `[len(a_maxes)]` arrays `a_max` (measured), `rate` (`-slope`, the decay rate per token),
-    `slope_stderr`, `r2`, and `profiles: [len(a_maxes), max_distance - min_distance + 1]`.
+    `slope_stderr`, `r2`, and `profiles: [len(a_maxes), max_distance - min_distance + 1]` (NaN
+    beyond the distances `recency_fit` kept).
     """
     rows = []
     for target in a_maxes:
@@ -256,7 +269,12 @@ def recency_sweep(
                 rate=-fit["slope"],
                 slope_stderr=fit["slope_stderr"],
                 r2=r_squared(fit["distances"], fit["profile"]),
-                profiles=fit["profile"],
+                # NaN beyond the distances fitted (where an influence underflowed)
+                profiles=np.pad(
+                    fit["profile"],
+                    (0, max_distance - fit["distances"][-1]),
+                    constant_values=np.nan,
+                ),
             )
         )
     return {k: np.array([r[k] for r in rows]) for k in rows[0]}
