@@ -1,8 +1,8 @@
 """Language modeling on bytes of text files, or on token ids from a `.npy` file.
 
 Arg: comma-separated `data=bytes|tokens` (default bytes), `model=NAME` (a name of
-`seqlab.train.models`: mamba, polar_mamba, gdn, mamba2, hybrid, attention, or a preset of
-`seqlab.modules.lm.PRESETS` such as gdn-0.4b), `runlocal` (seconds on a CPU).
+`seqlab.train.models`: mamba, polar_mamba, gdn, mamba2, hybrid, attention, kda, gdn2, gdp, or a
+preset of `seqlab.modules.lm.PRESETS` such as gdn-0.4b), `runlocal` (seconds on a CPU).
 
 Bytes of text files (default: the Python sources of this repository's `seqlab/` package, a small
 self-contained corpus; set your own with `--config.data.paths="('a.txt','b.txt')"`):
@@ -41,6 +41,10 @@ def get_config(arg: str | None = None):
     config.optimizer.update(learning_rate=2e-3, warmup_steps=100)
     config.model = model_block(args["model"], d_model=128, num_layers=4, d_ff=256)
     config.model.gdn.update(num_heads=2, head_dim=64, chunk_size=64)
+    delta_family = dict(num_heads=2, head_dim=64, expand_v=2, chunk_size=64)  # as gdn's
+    config.model.kda = dict(delta_family)
+    config.model.gdn2 = dict(delta_family)
+    config.model.gdp = dict(delta_family, num_householder=2)
     config.model.mamba2.update(d_state=64, head_dim=32, chunk_size=64)
     config.model.attention.num_heads = 4
     if args["data"] == "bytes":
@@ -53,5 +57,7 @@ def get_config(arg: str | None = None):
     if args["runlocal"]:
         runlocal(config)
         config.model.update(d_model=16, num_layers=1, d_ff=32)
+        for mixer in ("kda", "gdn2", "gdp"):  # the sizes runlocal gives Gated DeltaNet
+            config.model[mixer].update(head_dim=8, chunk_size=16)
         config.data.seq_len = 32
     return config

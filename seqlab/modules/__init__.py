@@ -9,6 +9,9 @@ from seqlab.modules.attention import Attention
 from seqlab.modules.block import Block, MambaBlock
 from seqlab.modules.embedding import TiedEmbedding
 from seqlab.modules.gated_deltanet import GatedDeltaNet
+from seqlab.modules.gated_deltanet2 import GatedDeltaNet2
+from seqlab.modules.gated_deltaproduct import GatedDeltaProduct
+from seqlab.modules.kda import KimiDeltaAttention
 from seqlab.modules.lm import MIXERS, PRESETS, LanguageModel, count_params, preset
 from seqlab.modules.mamba import Mamba
 from seqlab.modules.mamba2 import Mamba2
@@ -24,6 +27,9 @@ __all__ = [
     "Block",
     "DiscreteTransformer",
     "GatedDeltaNet",
+    "GatedDeltaNet2",
+    "GatedDeltaProduct",
+    "KimiDeltaAttention",
     "LanguageModel",
     "Mamba",
     "Mamba2",

@@ -4,7 +4,8 @@
 
     'm'  Mamba (Mamba-1)          'a'  global causal attention
     '2'  Mamba-2                  's'  sliding-window attention (window from `attention`)
-    'g'  Gated DeltaNet
+    'g'  Gated DeltaNet           'k'  Kimi Delta Attention
+    'n'  Gated DeltaNet-2         'p'  Gated DeltaProduct
 
 Every block is `Block(mixer, mlp)`: `x + mixer(RMSNorm(x))`, then `x + SwiGLU(RMSNorm(x))` when
 `d_ff` is set. The head is tied to the embedding (`TiedEmbedding`): `logits = RMSNorm(h) @ E^T`,
@@ -27,6 +28,9 @@ from seqlab.modules.attention import Attention
 from seqlab.modules.block import Block
 from seqlab.modules.embedding import TiedEmbedding
 from seqlab.modules.gated_deltanet import GatedDeltaNet
+from seqlab.modules.gated_deltanet2 import GatedDeltaNet2
+from seqlab.modules.gated_deltaproduct import GatedDeltaProduct
+from seqlab.modules.kda import KimiDeltaAttention
 from seqlab.modules.mamba import Mamba
 from seqlab.modules.mamba2 import Mamba2
 from seqlab.modules.mlp import SwiGLU
@@ -36,6 +40,9 @@ MIXERS = {
     "m": "Mamba",
     "2": "Mamba2",
     "g": "GatedDeltaNet",
+    "k": "KimiDeltaAttention",
+    "n": "GatedDeltaNet2",
+    "p": "GatedDeltaProduct",
     "a": "global causal Attention",
     "s": "sliding-window Attention",
 }
@@ -55,6 +62,8 @@ class LanguageModel(nn.Module):
       pattern: one character per block from `MIXERS`.
       d_ff: hidden width of the SwiGLU MLP of every block, or None for blocks without MLP.
       mamba, mamba2, gdn: keyword arguments of `Mamba`, `Mamba2`, `GatedDeltaNet`.
+      kda, gdn2, gdp: keyword arguments of `KimiDeltaAttention`, `GatedDeltaNet2`,
+        `GatedDeltaProduct`.
       attention: keyword arguments of `Attention` for 'a' and 's' blocks (`num_heads` required;
         'a' blocks ignore `window`, 's' blocks require it).
       norm_eps: epsilon of the block norms and the final norm.
@@ -68,6 +77,9 @@ class LanguageModel(nn.Module):
     mamba: Mapping[str, Any] = FrozenDict()
     mamba2: Mapping[str, Any] = FrozenDict()
     gdn: Mapping[str, Any] = FrozenDict()
+    kda: Mapping[str, Any] = FrozenDict()
+    gdn2: Mapping[str, Any] = FrozenDict()
+    gdp: Mapping[str, Any] = FrozenDict()
     attention: Mapping[str, Any] = FrozenDict()
     norm_eps: float = 1e-5
     dtype: jnp.dtype = jnp.float32
@@ -98,6 +110,12 @@ class LanguageModel(nn.Module):
             return Mamba2(**self.mamba2, **common, parent=None)
         if kind == "g":
             return GatedDeltaNet(**self.gdn, **common, parent=None)
+        if kind == "k":
+            return KimiDeltaAttention(**self.kda, **common, parent=None)
+        if kind == "n":
+            return GatedDeltaNet2(**self.gdn2, **common, parent=None)
+        if kind == "p":
+            return GatedDeltaProduct(**self.gdp, **common, parent=None)
         window = None if kind == "a" else self.attention["window"]
         return Attention(**{**self.attention, "window": window}, **common, parent=None)
 
@@ -194,9 +212,38 @@ def _paper_gdn(d_model: int, pattern: str, d_ff: int, heads: int | None = None) 
     return config
 
 
+# DeltaProduct paper configurations (Siems et al., arXiv 2502.10297), read from the authors' code,
+# automl/DeltaProduct "language_modeling /model_configs/delta_product_340m_-1_1_{2,3}.json" (commit
+# 38cd4e4): DeltaProduct_n[-1, 1] for n = 2, 3 Householder writes, 24 layers, width 1024, 8 heads of
+# width 128 (keys and values, expand_v 1), negative eigenvalues allowed, no forget gate and no
+# output gate (use_forget_gate, use_gate false), short convolutions of width 4, RMSNorm eps 1e-6
+# (blocks and mixer), tied 32000-token embedding, SwiGLU MLP of fla's hidden_ratio 4, i.e. width
+# 256 * ceil(int(1024 * 4 * 2 / 3) / 256) = 2816. As built they hold 0.39B (n = 2) and 0.44B (n = 3)
+# parameters; "340M" is the paper's size label (that of fla's 340M configurations, n = 1).
+# The Kimi Linear paper (arXiv 2510.26692) gives no small dense configuration we could read (its
+# model is a 48B-parameter MoE), nor do we know a published Gated DeltaNet-2 configuration: KDA
+# and Gated DeltaNet-2 have tiny presets only.
+
+
+def _paper_deltaproduct(num_householder: int) -> dict:
+    """DeltaProduct_n[-1, 1] at the paper's 340M size, `n = num_householder`."""
+    gdp = dict(
+        num_heads=8,
+        head_dim=128,
+        expand_v=1,
+        num_householder=num_householder,
+        allow_neg_eigval=True,
+        use_forget_gate=False,
+        use_output_gate=False,
+        norm_eps=1e-6,
+    )
+    return dict(vocab_size=32000, d_model=1024, pattern="p" * 24, d_ff=2816, norm_eps=1e-6, gdp=gdp)
+
+
 _TINY_ATTENTION = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "window": 4}
 _TINY_MAMBA2 = {"d_state": 8, "head_dim": 16, "chunk_size": 4}
 _TINY_GDN = {"num_heads": 2, "head_dim": 8, "chunk_size": 4}
+_TINY_GDP = {**_TINY_GDN, "num_householder": 2}
 _TINY = dict(vocab_size=61, d_model=32, norm_eps=1e-5)
 
 PRESETS: dict[str, dict] = {
@@ -206,11 +253,16 @@ PRESETS: dict[str, dict] = {
     "gdn-1.3b": _paper_gdn(2400, "g" * 16, 5888),
     "gdn-h1-1.3b": _paper_gdn(2304, "gs" * 9, 6144, heads=18),
     "gdn-h2-1.3b": _paper_gdn(2304, "2gs" * 6, 6144, heads=18),
+    "dp2-340m": _paper_deltaproduct(2),
+    "dp3-340m": _paper_deltaproduct(3),
     # Tiny models for tests, one per pattern family (one block per pure family, to compile fast).
     "tiny-mamba": dict(**_TINY, pattern="m", mamba={"d_state": 4}),
     "tiny-polar-mamba": dict(**_TINY, pattern="m", mamba={"d_state": 4, "polarize": (1, 1)}),
     "tiny-mamba2": dict(**_TINY, pattern="2", d_ff=48, mamba2=_TINY_MAMBA2),
     "tiny-gdn": dict(**_TINY, pattern="g", d_ff=48, gdn=_TINY_GDN),
+    "tiny-kda": dict(**_TINY, pattern="k", d_ff=48, kda=_TINY_GDN),
+    "tiny-gdn2": dict(**_TINY, pattern="n", d_ff=48, gdn2=_TINY_GDN),
+    "tiny-gdp": dict(**_TINY, pattern="p", d_ff=48, gdp=_TINY_GDP),
     "tiny-attention": dict(**_TINY, pattern="as", d_ff=48, attention=_TINY_ATTENTION),
     "tiny-h1": dict(**_TINY, pattern="gs", d_ff=48, gdn=_TINY_GDN, attention=_TINY_ATTENTION),
     "tiny-h2": dict(

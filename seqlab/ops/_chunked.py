@@ -37,9 +37,13 @@ PALLAS_IMPLS = ("pallas_tpu", "pallas_gpu", "pallas")
 einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
 
 
-def validate(q, k, v, g, *, beta=None, initial_state=None, segment_ids=None, chunk_size=None):
+def validate(
+    q, k, v, g, *, beta=None, initial_state=None, segment_ids=None, chunk_size=None,
+    channel_gates=False,
+):  # fmt: skip
     """Check the shared arguments; returns `(B, T, H, K, HV, V)`.
 
+    `g` is `[B, T, HV]`, or `[B, T, HV, K]` with `channel_gates` (a log-decay per key channel).
     Raises `ValueError` naming the argument and its expected layout.
     """
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
@@ -55,7 +59,10 @@ def validate(q, k, v, g, *, beta=None, initial_state=None, segment_ids=None, chu
             f"v must have shape [B, T, HV, V] with HV a multiple of the H = {h} heads of q and k,"
             f" got {v.shape}"
         )
-    check_shape("g", g, (b, t, hv), "[B, T, HV]")
+    if channel_gates:
+        check_shape("g", g, (b, t, hv, dk), "[B, T, HV, K]")
+    else:
+        check_shape("g", g, (b, t, hv), "[B, T, HV]")
     if beta is not None:
         check_shape("beta", beta, (b, t, hv), "[B, T, HV]")
     if initial_state is not None:
@@ -73,8 +80,10 @@ def validate(q, k, v, g, *, beta=None, initial_state=None, segment_ids=None, chu
     return b, t, h, dk, hv, dv
 
 
-def validate_step(q_t, k_t, v_t, g_t, state, *, beta_t=None):
-    """Check the arguments of a decoding step; returns `(B, H, K, HV, V)`."""
+def validate_step(q_t, k_t, v_t, g_t, state, *, beta_t=None, channel_gates=False):
+    """Check the arguments of a decoding step; returns `(B, H, K, HV, V)`.
+
+    `g_t` is `[B, HV]`, or `[B, HV, K]` with `channel_gates`."""
     for name, x in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t), ("g_t", g_t), ("beta_t", beta_t)):
         if x is not None:
             check_floating(name, x)
@@ -88,7 +97,10 @@ def validate_step(q_t, k_t, v_t, g_t, state, *, beta_t=None):
             f"v_t must have shape [B, HV, V] with HV a multiple of the H = {h} heads of q_t and"
             f" k_t, got {v_t.shape}"
         )
-    check_shape("g_t", g_t, (b, hv), "[B, HV]")
+    if channel_gates:
+        check_shape("g_t", g_t, (b, hv, dk), "[B, HV, K]")
+    else:
+        check_shape("g_t", g_t, (b, hv), "[B, HV]")
     if beta_t is not None:
         check_shape("beta_t", beta_t, (b, hv), "[B, HV]")
     check_floating("state", state)
@@ -294,13 +306,14 @@ def scan_chunk_states(state, k_end, u, w, state_to_end):
     """Pass the state across chunks; the only sequential part of the chunked form.
 
     Per chunk n with incoming `S_n: [B, HV, K, V]`: `v_new = u - w S_n` (`v_new = u` when `w` is
-    None) and `S_{n+1} = state_to_end S_n + k_end^T v_new`.
+    None) and `S_{n+1} = state_to_end S_n + k_end^T v_new` (`Diag(state_to_end) S_n` for a decay
+    per key channel).
 
     Args:
       state: `[B, HV, K, V]`, entering the first chunk.
       k_end: `[B, N, C, HV, K]`, keys decayed to the chunk end (`k * token_to_end`).
       u: `[B, N, C, HV, V]`; w: `[B, N, C, HV, K]` or None.
-      state_to_end: `[B, N, HV]`.
+      state_to_end: `[B, N, HV]`, or `[B, N, HV, K]` per key channel.
 
     Returns:
       `(final_state, states [B, N, HV, K, V] entering each chunk, v_new [B, N, C, HV, V])`.
@@ -310,13 +323,19 @@ def scan_chunk_states(state, k_end, u, w, state_to_end):
     def step(s, xs):
         k_end_n, u_n, w_n, decay_n = xs
         v_new = u_n if w_n is None else u_n - einsum("bchk,bhkv->bchv", w_n, s)
-        s_next = decay_n[..., None, None] * s + einsum("bchk,bchv->bhkv", k_end_n, v_new)
+        s_next = decay_state(decay_n, s) + einsum("bchk,bchv->bhkv", k_end_n, v_new)
         return s_next, (s, None if w_n is None else v_new)
 
     xs = jax.tree.map(lambda x: jnp.moveaxis(x, 1, 0), (k_end, u, w, state_to_end))
     final, (states, v_new) = jax.lax.scan(step, state, xs)
     v_new = u if w is None else jnp.moveaxis(v_new, 0, 1)
     return final, jnp.moveaxis(states, 0, 1), v_new
+
+
+def decay_state(decay: jax.Array, state: jax.Array) -> jax.Array:
+    """`decay * S` for `state: [B, HV, K, V]` and a decay `[B, HV]` per head or `[B, HV, K]` per
+    key channel (`Diag(decay) S`)."""
+    return decay.reshape(decay.shape + (1,) * (state.ndim - decay.ndim)) * state
 
 
 def chunk_outputs(q, k, v_new, states, decays: ChunkDecays):

@@ -7,7 +7,8 @@ Per value head, a state `S: [K, V]` decays, then takes a delta-rule write, then 
     o_t = S_t^T (scale q_t)
 
 `"recurrent"` runs this token by token (the definition of correct). `"chunked"` is the WY / UT
-form: within a chunk of C tokens with chunk-local cumulative log-gate `gamma` and
+form of `seqlab.ops._delta` (shared with KDA and Gated DeltaNet-2): within a chunk of C tokens
+with chunk-local cumulative log-gate `gamma` and
 `Gamma_ij = exp(gamma_i - gamma_j)` (i >= j),
 
     A = (I + strict_lower(diag(beta) (K K^T * Gamma)))^{-1}
@@ -24,8 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from seqlab.kernels.gated_delta import api as kernel_api
-from seqlab.kernels.gated_delta import chunk
-from seqlab.ops import _chunked
+from seqlab.ops import _chunked, _delta
 
 
 def gated_delta_rule(
@@ -184,34 +184,10 @@ def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale: float | N
     return _chunked.decode_step(_token_step, q_t, k_t, v_t, (g_t, beta_t), state, scale=scale)
 
 
-def _token_step(state, xs):
-    """`state: [B, HV, K, V]`; `q_t` (pre-scaled), `k_t: [B, HV, K]`; `v_t: [B, HV, V]`."""
-    q_t, k_t, v_t, g_t, beta_t = xs
-    state = jnp.exp(g_t)[..., None, None] * state
-    u_t = beta_t[..., None] * (v_t - _chunked.einsum("bhkv,bhk->bhv", state, k_t))
-    state = state + k_t[..., :, None] * u_t[..., None, :]
-    return state, _chunked.einsum("bhkv,bhk->bhv", state, q_t)
+_token_step = functools.partial(_delta.token_step, _delta.beta_write)
 
 
-def _chunked_form(q, k, v, g, beta, state, seg, chunk_size, scan=_chunked.scan_chunk_states):
-    """WY chunked form (module docstring); inputs in the accumulation dtype, q pre-scaled.
-
-    Everything but the state passing is chunk-parallel; `scan` passes the state (the contract of
-    `_chunked.scan_chunk_states`: a `lax.scan` for `"chunked"`, the GPU kernel for
-    `"pallas_gpu"`)."""
-    t = q.shape[1]
-    q, k, v, g, beta = (_chunked.pad_and_chunk(x, chunk_size) for x in (q, k, v, g, beta))
-    decays = _chunked.chunk_decays(g, _chunked.pad_and_chunk(seg, chunk_size, edge=True))
-    # L = strict_lower(diag(beta) (K K^T * Gamma)); Gamma already masks other segments.
-    kk = _chunked.einsum("bnihk,bnjhk->bnhij", k, k) * decays.intra
-    lower = jnp.tril(jnp.moveaxis(beta, 2, 3)[..., :, None] * kk, -1)  # [B, N, HV, C, C]
-    # u = A (beta v), w = A (beta exp(gamma) k), A = (I + L)^{-1} (the stable blocked solve of
-    # seqlab.kernels.gated_delta.chunk, shared with the TPU kernel).
-    rhs = jnp.concatenate([v, decays.state_to_token[..., None] * k], axis=-1)
-    rhs = beta[..., None] * rhs  # [B, N, C, HV, V + K]
-    uw = _chunked.einsum("bnhij,bnjhd->bnihd", chunk.unit_lower_inverse(lower), rhs)
-    u, w = uw[..., : v.shape[-1]], uw[..., v.shape[-1] :]
-    k_end = k * decays.token_to_end[..., None]
-    final, states, v_new = scan(state, k_end, u, w, decays.state_to_end)
-    o = _chunked.chunk_outputs(q, k, v_new, states, decays)
-    return _chunked.unchunk(o, t), final
+def _chunked_form(*args, chunk_size, scan=_chunked.scan_chunk_states):
+    """The WY chunked form of `seqlab.ops._delta` with the delta rule's write `(beta k, beta)`;
+    `scan` passes the state (a `lax.scan` for `"chunked"`, the GPU kernel for `"pallas_gpu"`)."""
+    return _delta.chunked_form(_delta.beta_write, chunk_size, scan, *args)

@@ -5,6 +5,8 @@ experiment config.
                 `seqlab.modules.lm.PRESETS` (its own size; `num_layers` and `d_model` are ignored)
     d_model, num_layers, d_ff (0: blocks without MLP)
     mamba, mamba2, gdn, attention   keyword arguments of the mixers (see `LanguageModel`)
+    kda, gdn2, gdp   the same for Kimi Delta Attention, Gated DeltaNet-2, Gated DeltaProduct
+                (optional: a config without the block gets the mixer's defaults)
     dtype       "float32" | "bfloat16" | "float64": compute dtype; parameters are float32
                 (float64 for a float64 model)
 
@@ -30,6 +32,9 @@ PATTERNS: dict[str, Callable[[int], str]] = {
     "polar_mamba": lambda n: "m" * n,
     "mamba2": lambda n: "2" * n,
     "gdn": lambda n: "g" * n,
+    "kda": lambda n: "k" * n,
+    "gdn2": lambda n: "n" * n,
+    "gdp": lambda n: "p" * n,
     "attention": lambda n: "a" * n,
     # Gated DeltaNet and global attention alternating, Gated DeltaNet first.
     "hybrid": lambda n: ("ga" * n)[:n],
@@ -80,6 +85,7 @@ def build_model(model, vocab_size: int) -> LanguageModel | ODETransformer:
         mamba=mamba,
         mamba2=dict(model.mamba2),
         gdn=dict(model.gdn),
+        **{name: dict(model.get(name) or {}) for name in ("kda", "gdn2", "gdp")},
         attention=dict(model.attention),
         **dtypes,
     )

@@ -6,7 +6,7 @@ import pytest
 from absl import flags
 
 from experiments import launch
-from experiments.configs import base, mqar, ode_finetune
+from experiments.configs import base, lm, mqar, ode_finetune
 
 SPEC = {"model": ("mamba", "gdn"), "layers": 2, "steps": int, "rate": 0.5, "runlocal": False}
 
@@ -69,3 +69,14 @@ def test_only_errors_of_building_the_run_are_config_errors(parsed_flags, monkeyp
     flags.FLAGS.config.batch_size = 6  # the fixture parses a fresh config for every test
     with pytest.raises(SystemExit, match=r"config error: config\.batch_size = 6 must be"):
         launch.main(["launch"])
+
+
+@pytest.mark.parametrize("model", ["kda", "gdn2", "gdp"])
+def test_delta_family_models_build_in_mqar_and_lm(model):
+    """The mixer blocks of the delta family are in both configs and reach the model (building
+    compiles nothing; tests/experiments/test_launch.py trains them with `runlocal`, slow)."""
+    letter = {"kda": "k", "gdn2": "n", "gdp": "p"}[model]
+    for config in (mqar.get_config(f"model={model},runlocal"), lm.get_config(f"model={model}")):
+        built = launch.build(config, data=False)
+        assert built.model.pattern == letter * config.model.num_layers
+        assert getattr(built.model, model) == config.model[model].to_dict()

@@ -31,13 +31,15 @@ def _tiny(name: str):
 
 def test_tiny_presets_cover_every_pattern_family():
     patterns = {name: PRESETS[name]["pattern"] for name in TINY}
-    assert set("".join(patterns.values())) == {"m", "2", "g", "a", "s"}
+    assert set("".join(patterns.values())) == {"m", "2", "g", "a", "s", "k", "n", "p"}
     assert PRESETS["tiny-polar-mamba"]["mamba"]["polarize"] == (1, 1)
 
 
 # tiny-h2 holds the '2', 'g' and 's' blocks, tiny-attention 'a' and 's': the default run covers
 # every family; the presets whose blocks these repeat are compiled only in the slow run.
-_COVERED = {"tiny-gdn", "tiny-mamba2", "tiny-h1"}
+# tiny-kda, tiny-gdn2 and tiny-gdp: tests/modules/test_delta_family.py decodes a LanguageModel over
+# 'k', 'n' and 'p' and checks each mixer against a numpy reference.
+_COVERED = {"tiny-gdn", "tiny-mamba2", "tiny-h1", "tiny-kda", "tiny-gdn2", "tiny-gdp"}
 
 
 @pytest.mark.parametrize(
@@ -122,7 +124,8 @@ def test_gdn_04b_preset_matches_the_authors_layer_sizes():
 # The authors' "0.4B" configurations hold 0.52-0.54B parameters as built (the test above rebuilds
 # GatedDeltaNet_0.4B from its layers: 516.8M; the paper's Table S.2 calls the hybrids "500M"), so
 # the band of that family is centred on what the configurations hold; the 1.3B label holds.
-_SIZE = {"0.4b": 0.53e9, "1.3b": 1.3e9}
+# The DeltaProduct "340M" configurations (n = 2, 3 Householder writes) hold 0.39B and 0.44B.
+_SIZE = {"0.4b": 0.53e9, "1.3b": 1.3e9, "340m": 0.42e9}
 
 
 @pytest.mark.parametrize("name", BIG)

@@ -13,9 +13,20 @@ import pytest
 
 from seqlab.modules.attention import Attention
 from seqlab.modules.gated_deltanet import GatedDeltaNet
+from seqlab.modules.gated_deltanet2 import GatedDeltaNet2
+from seqlab.modules.gated_deltaproduct import GatedDeltaProduct
+from seqlab.modules.kda import KimiDeltaAttention
 from seqlab.modules.mamba import Mamba
 from seqlab.modules.mamba2 import Mamba2
-from seqlab.ops import attention, gated_delta_rule, selective_scan, ssd
+from seqlab.ops import (
+    attention,
+    gated_delta_product,
+    gated_delta_rule,
+    gdn2,
+    kda,
+    selective_scan,
+    ssd,
+)
 from tests.conftest import assert_close
 from tests.modules import mixers
 
@@ -35,10 +46,29 @@ MIXERS = {
         dict(num_heads=2, head_dim=8, num_v_heads=4, chunk_size=4),
         gated_delta_rule,
     ),
+    "kda": (
+        KimiDeltaAttention,
+        dict(num_heads=2, head_dim=8, num_v_heads=4, chunk_size=4),
+        kda,
+    ),
+    "gdn2": (GatedDeltaNet2, dict(num_heads=2, head_dim=8, chunk_size=4), gdn2),
+    "gdp": (
+        GatedDeltaProduct,
+        dict(num_heads=2, head_dim=8, num_v_heads=4, num_householder=2, chunk_size=4),
+        gated_delta_product,
+    ),
     "attention": (Attention, dict(num_heads=4, num_kv_heads=2, qk_norm=True), attention),
     "sliding-window": (Attention, dict(num_heads=2, window=3), attention),
 }
-RECURRENT = ("mamba", "mamba-polar-mixed", "mamba2", "gdn")  # a fixed-size "state" in the cache
+RECURRENT = (
+    "mamba",
+    "mamba-polar-mixed",
+    "mamba2",
+    "gdn",
+    "kda",
+    "gdn2",
+    "gdp",
+)  # a fixed-size "state" in the cache
 
 
 def _mixer(name: str, dtype=jnp.float64, **overrides):
@@ -163,6 +193,10 @@ BAD_FIELDS = [
     ("gdn", {"expand_v": 1.3}, "expand_v"),
     ("gdn", {"chunk_size": 0}, "chunk_size"),
     ("gdn", {"conv_size": 0}, "conv_size"),
+    ("kda", {"num_v_heads": 3}, "num_v_heads"),
+    ("kda", {"gate_lower_bound": 1.0}, "gate_lower_bound"),
+    ("gdn2", {"expand_v": 1.3}, "expand_v"),
+    ("gdp", {"num_householder": 0}, "num_householder"),
     ("attention", {"num_heads": 4, "num_kv_heads": 3}, "num_kv_heads"),
     ("attention", {"num_heads": 0}, "num_heads"),
     ("attention", {"num_heads": 2, "head_dim": 5}, "head_dim"),

@@ -6,7 +6,8 @@ decoding steps, dtypes, bad inputs). A new op of the family is one row here, plu
 reference in `tests/ops/test_<op>.py`. Imported by `tests/ops` and `tests/kernels`; pytest does
 not collect it (no `test_` prefix).
 
-Shapes: `q, k: [B, T, H, K]`, `v: [B, T, HV, V]`, gates `[B, T, HV]`, states `[B, HV, K, V]`.
+Shapes: `q, k: [B, T, H, K]`, `v: [B, T, HV, V]`, gates `[B, T, HV]` (per key channel
+`[B, T, HV, K]`, per value channel `[B, T, HV, V]`), states `[B, HV, K, V]`.
 """
 
 import dataclasses
@@ -20,6 +21,9 @@ import numpy as np
 from hypothesis import strategies as st
 
 from seqlab.ops.gated_delta import gated_delta_rule, gated_delta_rule_step
+from seqlab.ops.gated_delta_product import gated_delta_product, gated_delta_product_step
+from seqlab.ops.gdn2 import gdn2, gdn2_step
+from seqlab.ops.kda import kda, kda_step
 from seqlab.ops.ssd import ssd, ssd_step
 from tests.conftest import assert_close
 
@@ -46,6 +50,81 @@ def inputs(seed, b, t, h, hv, dk, dv, dtype, *, beta=True, initial_state=True):
 
 
 ssd_inputs = functools.partial(inputs, beta=False)
+
+
+def kda_inputs(seed, b, t, h, hv, dk, dv, dtype, *, initial_state=True):
+    """`inputs` with a log-gate per key channel, `g: [B, T, HV, K]` in log(0.8..1)."""
+    x = inputs(seed, b, t, h, hv, dk, dv, dtype, initial_state=initial_state)
+    g = np.log(np.random.default_rng(seed + 1).uniform(0.8, 1.0, size=(b, t, hv, dk)))
+    return dict(x, g=jnp.asarray(g, dtype))
+
+
+def gdn2_inputs(seed, b, t, h, hv, dk, dv, dtype, *, initial_state=True):
+    """`kda_inputs` (H = HV) with an erase gate `b: [B, T, H, K]` and a write gate
+    `w: [B, T, H, V]` in (0.05, 1) in place of beta."""
+    x = kda_inputs(seed, b, t, h, hv, dk, dv, dtype, initial_state=initial_state)
+    r = np.random.default_rng(seed + 2)
+    gates = dict(
+        b=r.uniform(0.05, 1.0, size=(b, t, hv, dk)), w=r.uniform(0.05, 1.0, (b, t, hv, dv))
+    )
+    del x["beta"]
+    return dict(x, **{n: jnp.asarray(a, dtype) for n, a in gates.items()})
+
+
+# ------------------------------------------------------- Gated DeltaProduct in the test layout
+
+HOUSEHOLDER = 2  # writes per token of the Gated DeltaProduct row
+
+
+def product_inputs(seed, b, t, h, hv, dk, dv, dtype, *, initial_state=True):
+    """Gated DeltaProduct's inputs in the layout of the contract tests (one row per token):
+    `k: [B, T, H, n K]`, `v: [B, T, HV, n V]`, `beta: [B, T, HV, n]` hold the n writes of a
+    token side by side; each written key has unit norm."""
+    n = HOUSEHOLDER
+    x = inputs(seed, b, t * n, h, hv, dk, dv, dtype, initial_state=initial_state)
+    x["q"], x["g"] = x["q"][:, :t], x["g"][:, :t]
+    for name in ("k", "v", "beta"):
+        a = jnp.moveaxis(x[name].reshape(b, t, n, *x[name].shape[2:]), 2, 3)  # [B, T, H, n, ...]
+        x[name] = a if name == "beta" else a.reshape(b, t, a.shape[2], -1)
+    return x
+
+
+def _writes(x, n):
+    """`[B, T, H, n D] -> [B, T n, H, D]` (abstract arrays too); other ranks as they are (so a
+    bad-input test meets the op's own check)."""
+    if len(x.shape) != 4 or x.shape[-1] % n:
+        return x
+    b, t, h, d = x.shape
+    shape = (b, t * n, h, d // n)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(shape, x.dtype)
+    return jnp.moveaxis(x.reshape(b, t, h, n, d // n), 3, 2).reshape(shape)
+
+
+def product_op(q, k, v, g, beta, **kw):
+    """`gated_delta_product` on the layout of `product_inputs`."""
+    n = HOUSEHOLDER
+    beta = _writes(beta, n)
+    if len(beta.shape) == 4:  # [B, T n, HV, 1]
+        beta = _squeeze_last(beta)
+    return gated_delta_product(q, _writes(k, n), _writes(v, n), g, beta, num_householder=n, **kw)
+
+
+def _squeeze_last(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)
+    return x[..., 0]
+
+
+def product_step(q_t, k_t, v_t, g_t, beta_t, state, **kw):
+    """`gated_delta_product_step` on one token of the layout of `product_inputs`."""
+    n = HOUSEHOLDER
+
+    def writes(x):  # [B, H, n D] -> [B, n, H, D]
+        return jnp.moveaxis(x.reshape(*x.shape[:2], n, -1), 2, 1)
+
+    beta_t = jnp.moveaxis(beta_t, 2, 1)
+    return gated_delta_product_step(q_t, writes(k_t), writes(v_t), g_t, beta_t, state, **kw)
 
 
 def ungated(x):
@@ -183,6 +262,8 @@ class Recurrence:
     fast: tuple[str, ...] = ("chunked",)
     grouped: bool = True
     options: dict = dataclasses.field(default_factory=dict)
+    adapted: bool = False
+    writes_per_token: int = 1
 
     def inputs(self, seed, b, t, h, hv, dk, dv, dtype, **kw):
         """`make_inputs` with `H = HV` for an op without grouped heads."""
@@ -199,4 +280,26 @@ RECURRENCES = (
         options={"scale": 0.3},
     ),
     Recurrence("ssd", ssd, ssd_step, ssd_inputs, ("q", "k", "v", "g")),
+    Recurrence(
+        "kda", kda, kda_step, kda_inputs, ("q", "k", "v", "g", "beta"), options={"scale": 0.3}
+    ),
+    Recurrence(
+        "gdn2",
+        gdn2,
+        gdn2_step,
+        gdn2_inputs,
+        ("q", "k", "v", "g", "b", "w"),
+        grouped=False,
+        options={"scale": 0.3},
+    ),
+    Recurrence(
+        "gated_delta_product",
+        product_op,
+        product_step,
+        product_inputs,
+        ("q", "k", "v", "g", "beta"),
+        options={"scale": 0.3},
+        adapted=True,
+        writes_per_token=HOUSEHOLDER,
+    ),
 )

@@ -33,12 +33,24 @@ def _block(**overrides):
         ("gdn", "ggg"),
         ("attention", "aaa"),
         ("hybrid", "gag"),
+        ("kda", "kkk"),
+        ("gdn2", "nnn"),
+        ("gdp", "ppp"),
     ],
 )
 def test_names_build_their_stacks(name, pattern):
     model = build_model(_block(name=name), vocab_size=11)
     assert model.pattern == pattern and model.vocab_size == 11 and model.d_ff is None
     assert model.mamba.get("polarize") == ((1, 1) if name == "polar_mamba" else None)
+
+
+def test_delta_family_blocks_are_optional_and_passed_on():
+    """A config without `kda`, `gdn2`, `gdp` blocks gets the mixers' defaults (the `_block` above
+    has none); given, they reach the LanguageModel."""
+    assert build_model(_block(name="kda"), vocab_size=11).kda == {}
+    blocks = dict(kda=dict(head_dim=8), gdn2=dict(num_heads=1), gdp=dict(num_householder=3))
+    model = build_model(_block(name="gdp", **blocks), vocab_size=11)
+    assert (model.kda, model.gdn2, model.gdp) == tuple(blocks.values())
 
 
 def test_presets_dtypes_and_mlp():

@@ -1,0 +1,209 @@
+"""Kimi Delta Attention mixer (Kimi Team, "Kimi Linear", arXiv 2510.26692).
+
+For `x: [B, T, d_model]`, `H = num_heads` query/key heads of width `K = head_dim` and
+`HV = num_v_heads` value heads of width `V = expand_v * head_dim` (grouped value attention when
+`HV > H`: value head `j` reads query/key head `j // (HV / H)`):
+
+    q, k, v = silu(causal_conv1d(q_proj x)), ...       # [H, K], [H, K], [HV, V]; one conv each
+    q, k    = q / ||q||, k / ||k||                     # per head, in float32
+    f       = f_b(f_a x)                               # [HV, K], low rank: d_model -> V -> HV K
+    g       = -exp(A_log) * softplus(f + dt_bias)      # [HV, K], log-decay per key channel
+            (or gate_lower_bound * sigmoid(exp(A_log) * (f + dt_bias)), in (gate_lower_bound, 0))
+    beta    = sigmoid(b_proj x)                        # [HV]; times 2 with allow_neg_eigval
+    S_t     = Diag(exp(g_t)) S_{t-1};  S_t += k_t (beta_t (v_t - S_t^T k_t))^T   # [K, V]
+    o_t     = S_t^T q_t / sqrt(K)
+    out     = o_proj(rms_norm(o) * sigmoid(g_b(g_a x)))  # RMSNorm over V, weight shared by heads
+
+The gate is `seqlab.ops.kda_gate`, the recurrence `seqlab.ops.kda`. Layout, defaults and
+initialization follow flash-linear-attention's `fla.layers.KimiDeltaAttention` (the authors'
+layer; per-value-head `A_log: [HV]` and `dt_bias: [HV, K]` as in its grouped-value version):
+`num_heads=16`, `head_dim=128`, `expand_v=1`, `conv_size=4` without conv bias, `norm_eps=1e-5`,
+L2-norm epsilon 1e-6, no projection biases except the output gate's second factor `g_b`,
+`A ~ U(1, 16]`, `dt` log-uniform in `[1e-3, 1e-1]` floored at `1e-4` (`dt_bias =
+softplus^{-1}(dt)`, one per value head and key channel). With `gate_lower_bound` set, `A_log`
+starts at 0 (`A = 1`), fla's initialization for its bounded ("safe") gate. The projections use
+Flax's default (LeCun normal) initializer rather than PyTorch's uniform; the sigmoid-gated
+RMSNorm is composed here from `rms_norm` (`seqlab.ops.gated_rms_norm` gates with SiLU).
+
+`init_cache`/`step` decode one token at a time from a cache holding the last `W - 1` inputs of the
+q, k and v convolutions and the state `[B, HV, K, V]` in float32 (float64 for float64 compute).
+"""
+
+import math
+from functools import partial
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from seqlab.modules import initializers
+from seqlab.modules.mixer import Mixer
+from seqlab.modules.norm import RMSNorm
+from seqlab.ops.checks import check_positive_int
+from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
+from seqlab.ops.kda import kda, kda_gate, kda_step
+from seqlab.ops.norm import l2_normalize
+
+_A_INIT_RANGE = (1.0, 16.0)
+_DT_MIN, _DT_MAX, _DT_INIT_FLOOR = 1e-3, 1e-1, 1e-4
+
+
+class KimiDeltaAttention(Mixer):
+    """Kimi Delta Attention mixer: `[B, T, d_model] -> [B, T, d_model]` (see the module docstring).
+
+    Attributes:
+      d_model: model width.
+      num_heads: query/key heads `H`.
+      head_dim: query/key head width `K`.
+      num_v_heads: value heads `HV` (None: `num_heads`); a multiple of `num_heads`.
+      expand_v: value head width `V = expand_v * head_dim` (must be an integer).
+      conv_size: width `W` of the causal depthwise convolutions on q, k and v.
+      allow_neg_eigval: `beta = 2 sigmoid(.)` in (0, 2), so that the transition `I - beta k k^T`
+        can have eigenvalue down to -1 (Grazzi et al., arXiv 2411.12537).
+      gate_lower_bound: None, or a negative float `L`: the bounded gate
+        `g = L * sigmoid(exp(A_log) (f + dt_bias))` in `(L, 0)`.
+      norm_eps: epsilon of the output RMSNorm.
+      impl: implementation of `seqlab.ops.kda` (None: auto). Decoding always uses `kda_step`.
+      chunk_size: chunk length of the chunked implementation.
+      dtype: compute dtype; states and gates accumulate in `promote_types(dtype, float32)`.
+      param_dtype: parameter dtype.
+    """
+
+    d_model: int
+    num_heads: int = 16
+    head_dim: int = 128
+    num_v_heads: int | None = None
+    expand_v: float = 1
+    conv_size: int = 4
+    allow_neg_eigval: bool = False
+    gate_lower_bound: float | None = None
+    norm_eps: float = 1e-5
+    impl: str | None = None
+    chunk_size: int = 64
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @property
+    def v_heads(self) -> int:
+        """`HV`, the number of value heads."""
+        return self.num_heads if self.num_v_heads is None else self.num_v_heads
+
+    @property
+    def head_v_dim(self) -> int:
+        """`V = expand_v * head_dim`."""
+        return round(self.expand_v * self.head_dim)
+
+    def check_fields(self) -> None:
+        for name in ("d_model", "num_heads", "head_dim", "conv_size", "chunk_size"):
+            check_positive_int(name, getattr(self, name))
+        check_positive_int("num_v_heads", self.v_heads)
+        if self.v_heads % self.num_heads:
+            raise ValueError(
+                f"num_v_heads must be a multiple of num_heads={self.num_heads}, "
+                f"got num_v_heads={self.num_v_heads}"
+            )
+        v_dim = self.expand_v * self.head_dim
+        if not (v_dim > 0 and math.isclose(v_dim, round(v_dim))):
+            raise ValueError(
+                f"expand_v * head_dim must be a positive integer, got expand_v={self.expand_v} "
+                f"with head_dim={self.head_dim}"
+            )
+        bound = self.gate_lower_bound
+        if bound is not None and not (isinstance(bound, int | float) and -math.inf < bound < 0):
+            raise ValueError(f"gate_lower_bound must be None or a negative float, got {bound!r}")
+
+    def setup(self):
+        pd = self.param_dtype
+        hv, k_dim, v_dim = self.v_heads, self.head_dim, self.head_v_dim
+        key_dim, value_dim = self.num_heads * k_dim, hv * v_dim
+        dense = partial(nn.Dense, use_bias=False, dtype=self.dtype, param_dtype=pd)
+        self.q_proj, self.k_proj, self.v_proj = dense(key_dim), dense(key_dim), dense(value_dim)
+        self.f_a, self.f_b = dense(v_dim), dense(hv * k_dim)  # low-rank decay projection
+        self.b_proj = dense(hv)
+        self.g_a, self.g_b = dense(v_dim), dense(value_dim, use_bias=True)  # low-rank output gate
+        self.o_proj = dense(self.d_model)
+        conv_init = initializers.uniform(self.conv_size**-0.5)  # PyTorch's depthwise Conv1d
+        self.q_conv = self.param("q_conv", conv_init, (self.conv_size, key_dim), pd)
+        self.k_conv = self.param("k_conv", conv_init, (self.conv_size, key_dim), pd)
+        self.v_conv = self.param("v_conv", conv_init, (self.conv_size, value_dim), pd)
+        if self.gate_lower_bound is None:
+            a_init = initializers.a_log(*_A_INIT_RANGE)
+        else:
+            a_init = nn.initializers.zeros
+        self.A_log = self.param("A_log", a_init, (hv,), pd)
+        dt_init = initializers.dt_bias(_DT_MIN, _DT_MAX, _DT_INIT_FLOOR)
+        self.dt_bias = self.param("dt_bias", dt_init, (hv, k_dim), pd)
+        self.o_norm = RMSNorm(eps=self.norm_eps, param_dtype=pd)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """`x: [B, T, d_model]` -> `[B, T, d_model]` in `dtype`."""
+        o, _ = kda(**self.op_inputs(x), chunk_size=self.chunk_size, impl=self.impl)
+        return self._output(o, x)
+
+    def op_inputs(self, x: jax.Array) -> dict:
+        """The operands of `kda` for `x: [B, T, d_model]`, as `__call__` passes them.
+
+        Returns `{"q", "k": [B, T, H, K] (unit norm per head), "v": [B, T, HV, V] in dtype,
+        "g": [B, T, HV, K], "beta": [B, T, HV]}`, `g` and `beta` in float32 (float64 for float64
+        compute).
+        """
+        self.check_sequence(x)
+
+        def conv(proj, weight):
+            return jax.nn.silu(causal_conv1d(proj(x), weight))
+
+        q, k, v = self._heads(
+            conv(self.q_proj, self.q_conv),
+            conv(self.k_proj, self.k_conv),
+            conv(self.v_proj, self.v_conv),
+        )
+        g, beta = self._gates(x)
+        return {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+
+    def zero_cache(self, batch_size: int, max_len: int) -> dict:
+        """`{"q_conv", "k_conv": [B, W - 1, H K], "v_conv": [B, W - 1, HV V]` in dtype,
+        `"state": [B, HV, K, V]` in acc_dtype`}`."""
+        width, key_dim = self.conv_size - 1, self.num_heads * self.head_dim
+        return {
+            "q_conv": jnp.zeros((batch_size, width, key_dim), self.dtype),
+            "k_conv": jnp.zeros((batch_size, width, key_dim), self.dtype),
+            "v_conv": jnp.zeros((batch_size, width, self.v_heads * self.head_v_dim), self.dtype),
+            "state": jnp.zeros(
+                (batch_size, self.v_heads, self.head_dim, self.head_v_dim), self.acc_dtype
+            ),
+        }
+
+    def step(self, x_t: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+        """One decoding step: `x_t: [B, d_model]` -> `(y_t: [B, d_model], new_cache)`."""
+        self.check_token(x_t)
+        q, q_conv = causal_conv1d_step(self.q_proj(x_t), cache["q_conv"], self.q_conv)
+        k, k_conv = causal_conv1d_step(self.k_proj(x_t), cache["k_conv"], self.k_conv)
+        v, v_conv = causal_conv1d_step(self.v_proj(x_t), cache["v_conv"], self.v_conv)
+        q, k, v = self._heads(jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v))
+        g, beta = self._gates(x_t)
+        o, state = kda_step(q, k, v, g, beta, cache["state"])
+        new_cache = {"q_conv": q_conv, "k_conv": k_conv, "v_conv": v_conv, "state": state}
+        return self._output(o, x_t), new_cache
+
+    def _heads(self, q: jax.Array, k: jax.Array, v: jax.Array):
+        """Split heads: `q, k: [..., H K] -> [..., H, K]` (unit norm), `v -> [..., HV, V]`."""
+        q = l2_normalize(q.reshape(*q.shape[:-1], self.num_heads, self.head_dim))
+        k = l2_normalize(k.reshape(*k.shape[:-1], self.num_heads, self.head_dim))
+        return q, k, v.reshape(*v.shape[:-1], self.v_heads, self.head_v_dim)
+
+    def _gates(self, x: jax.Array):
+        """Log-decay `g: [..., HV, K]` (`kda_gate` of the low-rank projection) and
+        `beta = sigmoid(b_proj x): [..., HV]` (times 2 with `allow_neg_eigval`), both in the
+        accumulation dtype."""
+        f = self.f_b(self.f_a(x)).reshape(*x.shape[:-1], self.v_heads, self.head_dim)
+        g = kda_gate(f, self.A_log, self.dt_bias, lower_bound=self.gate_lower_bound)
+        beta = jax.nn.sigmoid(self.b_proj(x).astype(self.acc_dtype))
+        return g.astype(self.acc_dtype), 2.0 * beta if self.allow_neg_eigval else beta
+
+    def _output(self, o: jax.Array, x: jax.Array) -> jax.Array:
+        """`o_proj(rms_norm(o) * sigmoid(g_b(g_a x)))` for `o: [..., HV, V]`, `x: [..., d_model]`;
+        the norm and the gate in the accumulation dtype, as `gated_rms_norm`."""
+        acc = self.acc_dtype
+        gate = self.g_b(self.g_a(x)).reshape(o.shape)
+        o = (self.o_norm(o.astype(acc)) * jax.nn.sigmoid(gate.astype(acc))).astype(self.dtype)
+        return self.o_proj(o.reshape(*o.shape[:-2], self.v_heads * self.head_v_dim))
