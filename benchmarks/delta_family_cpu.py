@@ -21,12 +21,12 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _common import cpu_model, median_seconds, replace_section
+from _common import cpu_model, replace_section
+from gated_delta_cpu import memory_table, timing_table
 
 from seqlab.ops import gated_delta_product, gated_delta_rule, gdn2, kda
 
 SECTION = "## delta-rule family: kda, gdn2, gated_delta_product (CPU)"
-MiB = 2**20
 WRITES = 2  # Householder writes per token of gated_delta_product
 
 
@@ -61,76 +61,6 @@ OPS = {
 }
 
 
-def functions(op, impl):
-    """Jitted forward and forward+backward of `op` with `impl` (keyword inputs)."""
-    fwd = functools.partial(op, impl=impl, chunk_size=64)
-
-    def loss(x):
-        return jnp.sum(fwd(**x)[0])
-
-    return jax.jit(lambda x: fwd(**x)[0]), jax.jit(jax.grad(loss))
-
-
-def backward_bytes(grad_fn, x):
-    stats = grad_fn.lower(x).compile().memory_analysis()
-    return stats.temp_size_in_bytes + stats.output_size_in_bytes
-
-
-def timing_table(ops, lengths, shapes, dim, repeats, max_recurrent_bwd_bytes):
-    rows = []
-    for name, op in ops:
-        for batch, heads in shapes:
-            for length in lengths:
-                x = make_inputs(name, batch, length, heads, dim)
-                t = {}
-                for impl in ("recurrent", "chunked"):
-                    fwd, bwd = functions(op, impl)
-                    t[impl, "fwd"] = median_seconds(fwd, x, repeats=repeats)
-                    need = backward_bytes(bwd, x)
-                    if impl == "recurrent" and need > max_recurrent_bwd_bytes:
-                        t[impl, "bwd"] = float("nan")  # would not fit: reported, not run
-                    else:
-                        t[impl, "bwd"] = median_seconds(bwd, x, repeats=repeats)
-                row = (
-                    f"| {name} | {batch}x{heads} | {length} | {t['recurrent', 'fwd'] * 1e3:.1f} |"
-                    f" {t['chunked', 'fwd'] * 1e3:.1f} |"
-                    f" {t['recurrent', 'fwd'] / t['chunked', 'fwd']:.2f} |"
-                    f" {t['recurrent', 'bwd'] * 1e3:.1f} | {t['chunked', 'bwd'] * 1e3:.1f} |"
-                    f" {t['recurrent', 'bwd'] / t['chunked', 'bwd']:.2f} |"
-                )
-                print(row, flush=True)
-                rows.append(row)
-    header = [
-        "| op | BxH | T | recurrent fwd ms | chunked fwd ms | ratio | recurrent fwd+bwd ms |"
-        " chunked fwd+bwd ms | ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    return header + rows
-
-
-def memory_table(ops, lengths, batch, heads, dim):
-    rows = []
-    for name, op in ops:
-        for length in lengths:
-            x = make_inputs(name, batch, length, heads, dim)
-            mem = {
-                impl: backward_bytes(functions(op, impl)[1], x) for impl in ("recurrent", "chunked")
-            }
-            tkv = length * (2 * dim) * batch * heads * 4  # T*(K+V) float32 bytes, all heads
-            tkxv = length * dim * dim * batch * heads * 4  # T*K*V float32 bytes, all heads
-            row = (
-                f"| {name} | {length} | {mem['recurrent'] / MiB:.1f} | {mem['chunked'] / MiB:.1f} |"
-                f" {mem['chunked'] / tkv:.1f} | {mem['recurrent'] / tkxv:.2f} |"
-            )
-            print(row, flush=True)
-            rows.append(row)
-    header = [
-        "| op | T | recurrent MiB | chunked MiB | chunked / (T(K+V)) | recurrent / (TKV) |",
-        "|---|---|---|---|---|---|",
-    ]
-    return header + rows
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
@@ -149,8 +79,9 @@ def main():
         lengths, shapes, repeats = (256, 512), ((1, 4),), 1
     else:
         lengths, shapes, repeats = (2048, 8192), ((1, 4),), args.repeats
-    timing = timing_table(ops, lengths, shapes, dim, repeats, args.max_recurrent_bwd_gib * 2**30)
-    memory = memory_table(ops, (*lengths, 2 * lengths[-1]), 1, 4, dim)
+    max_bytes = args.max_recurrent_bwd_gib * 2**30
+    timing = timing_table(ops, make_inputs, lengths, shapes, dim, repeats, max_bytes)
+    memory = memory_table(ops, make_inputs, (*lengths, 2 * lengths[-1]), 1, 4, dim)
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     text = "\n".join(
         [

@@ -61,12 +61,14 @@ def backward_bytes(grad_fn, x):
     return stats.temp_size_in_bytes + stats.output_size_in_bytes
 
 
-def timing_table(ops, lengths, shapes, dim, repeats, max_recurrent_bwd_bytes):
+def timing_table(ops, make, lengths, shapes, dim, repeats, max_recurrent_bwd_bytes):
+    """Rows of wall times, recurrent vs chunked; `make(name, batch, length, heads, dim)` gives an
+    op's keyword inputs (also used by `delta_family_cpu.py`)."""
     rows = []
     for name, op in ops:
         for batch, heads in shapes:
             for length in lengths:
-                x = make_inputs(batch, length, heads, dim, beta=op is gated_delta_rule)
+                x = make(name, batch, length, heads, dim)
                 t = {}
                 for impl in ("recurrent", "chunked"):
                     fwd, bwd = functions(op, impl)
@@ -93,11 +95,12 @@ def timing_table(ops, lengths, shapes, dim, repeats, max_recurrent_bwd_bytes):
     return header + rows
 
 
-def memory_table(ops, lengths, batch, heads, dim):
+def memory_table(ops, make, lengths, batch, heads, dim):
+    """Rows of compiled forward+backward memory, recurrent vs chunked."""
     rows = []
     for name, op in ops:
         for length in lengths:
-            x = make_inputs(batch, length, heads, dim, beta=op is gated_delta_rule)
+            x = make(name, batch, length, heads, dim)
             mem = {
                 impl: backward_bytes(functions(op, impl)[1], x) for impl in ("recurrent", "chunked")
             }
@@ -134,8 +137,13 @@ def main():
         lengths, shapes, repeats = (256, 512), ((1, 4),), 1
     else:
         lengths, shapes, repeats = (1024, 4096, 16384), ((1, 4), (2, 16)), args.repeats
-    timing = timing_table(ops, lengths, shapes, dim, repeats, args.max_recurrent_bwd_gib * 2**30)
-    memory = memory_table(ops, lengths, 1, 4, dim)
+
+    def make(name, batch, length, heads, dim):
+        return make_inputs(batch, length, heads, dim, beta=name == "gated_delta_rule")
+
+    max_bytes = args.max_recurrent_bwd_gib * 2**30
+    timing = timing_table(ops, make, lengths, shapes, dim, repeats, max_bytes)
+    memory = memory_table(ops, make, lengths, 1, 4, dim)
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     text = "\n".join(
         [

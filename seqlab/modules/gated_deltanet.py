@@ -100,17 +100,23 @@ class GatedDeltaNet(Mixer):
             )
 
     def setup(self):
+        """The q/k/v projections and convolutions, the output projection, then `_setup_gates`."""
         pd = self.param_dtype
         key_dim, value_dim = self.num_heads * self.head_dim, self.v_heads * self.head_v_dim
         dense = partial(nn.Dense, use_bias=False, dtype=self.dtype, param_dtype=pd)
-        self.q_proj, self.k_proj = dense(key_dim), dense(key_dim)
-        self.v_proj, self.g_proj = dense(value_dim), dense(value_dim)
-        self.a_proj, self.b_proj = dense(self.v_heads), dense(self.v_heads)
+        self.q_proj, self.k_proj, self.v_proj = dense(key_dim), dense(key_dim), dense(value_dim)
         self.o_proj = dense(self.d_model)
         conv_init = initializers.uniform(self.conv_size**-0.5)  # PyTorch's depthwise Conv1d
         self.q_conv = self.param("q_conv", conv_init, (self.conv_size, key_dim), pd)
         self.k_conv = self.param("k_conv", conv_init, (self.conv_size, key_dim), pd)
         self.v_conv = self.param("v_conv", conv_init, (self.conv_size, value_dim), pd)
+        self._setup_gates(dense)
+
+    def _setup_gates(self, dense):
+        """The gate and output-gate projections, `A_log`, `dt_bias` and the output norm."""
+        pd = self.param_dtype
+        self.g_proj = dense(self.v_heads * self.head_v_dim)
+        self.a_proj, self.b_proj = dense(self.v_heads), dense(self.v_heads)
         self.A_log = self.param("A_log", initializers.a_log(*_A_INIT_RANGE), (self.v_heads,), pd)
         dt_init = initializers.dt_bias(_DT_MIN, _DT_MAX, _DT_INIT_FLOOR)
         self.dt_bias = self.param("dt_bias", dt_init, (self.v_heads,), pd)
@@ -118,8 +124,16 @@ class GatedDeltaNet(Mixer):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x: [B, T, d_model]` -> `[B, T, d_model]` in `dtype`."""
-        o, _ = gated_delta_rule(**self.op_inputs(x), chunk_size=self.chunk_size, impl=self.impl)
+        o, _ = self._op(**self.op_inputs(x), chunk_size=self.chunk_size, impl=self.impl)
         return self._output(o, x)
+
+    def _op(self, **kwargs):
+        """The recurrence over a sequence: `gated_delta_rule`."""
+        return gated_delta_rule(**kwargs)
+
+    def _op_step(self, *args):
+        """One token of the recurrence: `gated_delta_rule_step`."""
+        return gated_delta_rule_step(*args)
 
     def op_inputs(self, x: jax.Array) -> dict:
         """The operands of `gated_delta_rule` for `x: [B, T, d_model]`, as `__call__` passes them.
@@ -161,7 +175,7 @@ class GatedDeltaNet(Mixer):
         v, v_conv = causal_conv1d_step(self.v_proj(x_t), cache["v_conv"], self.v_conv)
         q, k, v = self._heads(jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v))
         g, beta = self._gates(x_t)
-        o, state = gated_delta_rule_step(q, k, v, g, beta, cache["state"])
+        o, state = self._op_step(q, k, v, g, beta, cache["state"])
         new_cache = {"q_conv": q_conv, "k_conv": k_conv, "v_conv": v_conv, "state": state}
         return self._output(o, x_t), new_cache
 

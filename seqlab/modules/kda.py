@@ -30,26 +30,25 @@ q, k and v convolutions and the state `[B, HV, K, V]` in float32 (float64 for fl
 """
 
 import math
-from functools import partial
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from seqlab.modules import initializers
-from seqlab.modules.mixer import Mixer
+from seqlab.modules.gated_deltanet import GatedDeltaNet
 from seqlab.modules.norm import RMSNorm
-from seqlab.ops.checks import check_positive_int
-from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
 from seqlab.ops.kda import kda, kda_gate, kda_step
-from seqlab.ops.norm import l2_normalize
 
 _A_INIT_RANGE = (1.0, 16.0)
 _DT_MIN, _DT_MAX, _DT_INIT_FLOOR = 1e-3, 1e-1, 1e-4
 
 
-class KimiDeltaAttention(Mixer):
+class KimiDeltaAttention(GatedDeltaNet):
     """Kimi Delta Attention mixer: `[B, T, d_model] -> [B, T, d_model]` (see the module docstring).
+
+    Gated DeltaNet's layer (q/k/v projections and convolutions, heads, decoding cache and step)
+    with KDA's gates, output gate and recurrence (`seqlab.ops.kda`, `kda_step`); `op_inputs`
+    returns `g: [B, T, HV, K]`, one log-decay per key channel.
 
     Attributes:
       d_model: model width.
@@ -69,63 +68,27 @@ class KimiDeltaAttention(Mixer):
       param_dtype: parameter dtype.
     """
 
-    d_model: int
+    # GatedDeltaNet's fields, with fla's KDA defaults where they differ, and KDA's own.
     num_heads: int = 16
     head_dim: int = 128
-    num_v_heads: int | None = None
     expand_v: float = 1
-    conv_size: int = 4
     allow_neg_eigval: bool = False
     gate_lower_bound: float | None = None
-    norm_eps: float = 1e-5
-    impl: str | None = None
-    chunk_size: int = 64
-    dtype: jnp.dtype = jnp.float32
-    param_dtype: jnp.dtype = jnp.float32
-
-    @property
-    def v_heads(self) -> int:
-        """`HV`, the number of value heads."""
-        return self.num_heads if self.num_v_heads is None else self.num_v_heads
-
-    @property
-    def head_v_dim(self) -> int:
-        """`V = expand_v * head_dim`."""
-        return round(self.expand_v * self.head_dim)
 
     def check_fields(self) -> None:
-        for name in ("d_model", "num_heads", "head_dim", "conv_size", "chunk_size"):
-            check_positive_int(name, getattr(self, name))
-        check_positive_int("num_v_heads", self.v_heads)
-        if self.v_heads % self.num_heads:
-            raise ValueError(
-                f"num_v_heads must be a multiple of num_heads={self.num_heads}, "
-                f"got num_v_heads={self.num_v_heads}"
-            )
-        v_dim = self.expand_v * self.head_dim
-        if not (v_dim > 0 and math.isclose(v_dim, round(v_dim))):
-            raise ValueError(
-                f"expand_v * head_dim must be a positive integer, got expand_v={self.expand_v} "
-                f"with head_dim={self.head_dim}"
-            )
+        super().check_fields()
         bound = self.gate_lower_bound
         if bound is not None and not (isinstance(bound, int | float) and -math.inf < bound < 0):
             raise ValueError(f"gate_lower_bound must be None or a negative float, got {bound!r}")
 
-    def setup(self):
+    def _setup_gates(self, dense):
+        """The low-rank decay and output-gate projections, beta's, `A_log: [HV]`,
+        `dt_bias: [HV, K]` and the output norm."""
         pd = self.param_dtype
         hv, k_dim, v_dim = self.v_heads, self.head_dim, self.head_v_dim
-        key_dim, value_dim = self.num_heads * k_dim, hv * v_dim
-        dense = partial(nn.Dense, use_bias=False, dtype=self.dtype, param_dtype=pd)
-        self.q_proj, self.k_proj, self.v_proj = dense(key_dim), dense(key_dim), dense(value_dim)
         self.f_a, self.f_b = dense(v_dim), dense(hv * k_dim)  # low-rank decay projection
         self.b_proj = dense(hv)
-        self.g_a, self.g_b = dense(v_dim), dense(value_dim, use_bias=True)  # low-rank output gate
-        self.o_proj = dense(self.d_model)
-        conv_init = initializers.uniform(self.conv_size**-0.5)  # PyTorch's depthwise Conv1d
-        self.q_conv = self.param("q_conv", conv_init, (self.conv_size, key_dim), pd)
-        self.k_conv = self.param("k_conv", conv_init, (self.conv_size, key_dim), pd)
-        self.v_conv = self.param("v_conv", conv_init, (self.conv_size, value_dim), pd)
+        self.g_a, self.g_b = dense(v_dim), dense(hv * v_dim, use_bias=True)  # low-rank output gate
         if self.gate_lower_bound is None:
             a_init = initializers.a_log(*_A_INIT_RANGE)
         else:
@@ -135,61 +98,13 @@ class KimiDeltaAttention(Mixer):
         self.dt_bias = self.param("dt_bias", dt_init, (hv, k_dim), pd)
         self.o_norm = RMSNorm(eps=self.norm_eps, param_dtype=pd)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """`x: [B, T, d_model]` -> `[B, T, d_model]` in `dtype`."""
-        o, _ = kda(**self.op_inputs(x), chunk_size=self.chunk_size, impl=self.impl)
-        return self._output(o, x)
+    def _op(self, **kwargs):
+        """The recurrence over a sequence: `kda`."""
+        return kda(**kwargs)
 
-    def op_inputs(self, x: jax.Array) -> dict:
-        """The operands of `kda` for `x: [B, T, d_model]`, as `__call__` passes them.
-
-        Returns `{"q", "k": [B, T, H, K] (unit norm per head), "v": [B, T, HV, V] in dtype,
-        "g": [B, T, HV, K], "beta": [B, T, HV]}`, `g` and `beta` in float32 (float64 for float64
-        compute).
-        """
-        self.check_sequence(x)
-
-        def conv(proj, weight):
-            return jax.nn.silu(causal_conv1d(proj(x), weight))
-
-        q, k, v = self._heads(
-            conv(self.q_proj, self.q_conv),
-            conv(self.k_proj, self.k_conv),
-            conv(self.v_proj, self.v_conv),
-        )
-        g, beta = self._gates(x)
-        return {"q": q, "k": k, "v": v, "g": g, "beta": beta}
-
-    def zero_cache(self, batch_size: int, max_len: int) -> dict:
-        """`{"q_conv", "k_conv": [B, W - 1, H K], "v_conv": [B, W - 1, HV V]` in dtype,
-        `"state": [B, HV, K, V]` in acc_dtype`}`."""
-        width, key_dim = self.conv_size - 1, self.num_heads * self.head_dim
-        return {
-            "q_conv": jnp.zeros((batch_size, width, key_dim), self.dtype),
-            "k_conv": jnp.zeros((batch_size, width, key_dim), self.dtype),
-            "v_conv": jnp.zeros((batch_size, width, self.v_heads * self.head_v_dim), self.dtype),
-            "state": jnp.zeros(
-                (batch_size, self.v_heads, self.head_dim, self.head_v_dim), self.acc_dtype
-            ),
-        }
-
-    def step(self, x_t: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
-        """One decoding step: `x_t: [B, d_model]` -> `(y_t: [B, d_model], new_cache)`."""
-        self.check_token(x_t)
-        q, q_conv = causal_conv1d_step(self.q_proj(x_t), cache["q_conv"], self.q_conv)
-        k, k_conv = causal_conv1d_step(self.k_proj(x_t), cache["k_conv"], self.k_conv)
-        v, v_conv = causal_conv1d_step(self.v_proj(x_t), cache["v_conv"], self.v_conv)
-        q, k, v = self._heads(jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v))
-        g, beta = self._gates(x_t)
-        o, state = kda_step(q, k, v, g, beta, cache["state"])
-        new_cache = {"q_conv": q_conv, "k_conv": k_conv, "v_conv": v_conv, "state": state}
-        return self._output(o, x_t), new_cache
-
-    def _heads(self, q: jax.Array, k: jax.Array, v: jax.Array):
-        """Split heads: `q, k: [..., H K] -> [..., H, K]` (unit norm), `v -> [..., HV, V]`."""
-        q = l2_normalize(q.reshape(*q.shape[:-1], self.num_heads, self.head_dim))
-        k = l2_normalize(k.reshape(*k.shape[:-1], self.num_heads, self.head_dim))
-        return q, k, v.reshape(*v.shape[:-1], self.v_heads, self.head_v_dim)
+    def _op_step(self, *args):
+        """One token of the recurrence: `kda_step`."""
+        return kda_step(*args)
 
     def _gates(self, x: jax.Array):
         """Log-decay `g: [..., HV, K]` (`kda_gate` of the low-rank projection) and
