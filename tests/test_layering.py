@@ -1,7 +1,8 @@
 """The import direction of DESIGN.md section 1, enforced on the source text.
 
 `experiments -> train -> modules -> ops -> kernels`; dynamics/sketching/analysis may import ops and
-modules; nothing in seqlab imports theory, experiments, benchmarks or notebooks.
+modules; interop may import modules and ops, never train; nothing in seqlab imports theory,
+experiments, benchmarks or notebooks.
 """
 
 import ast
@@ -21,6 +22,7 @@ ALLOWED = {
     "sketching": {"ops", "modules", "kernels"},
     "analysis": {"ops", "modules", "kernels"},
     "train": {"modules", "ops", "kernels"},
+    "interop": {"modules", "ops", "kernels"},
 }
 
 

@@ -38,13 +38,25 @@ KINDS = {
 
 
 @dataclasses.dataclass(frozen=True)
+class GivenModel:
+    """A model handed to the claims (`python -m theory --model PATH`): a `LanguageModel`, its
+    parameters and where they came from (a workdir or a Hugging Face directory)."""
+
+    model: Any
+    params: Any
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Context:
-    """What a claim may depend on: its size, its randomness, and where its figures go."""
+    """What a claim may depend on: its size, its randomness, where its figures go, and (for the
+    claims declared `on_model`) a given model to measure instead of their own."""
 
     claim_id: str
     full: bool  # paper size when True, quick size otherwise
     key: jax.Array  # a PRNG key for this claim alone
     figures_dir: pathlib.Path
+    model: GivenModel | None = None
 
     def size(self, quick, full):
         """`full` at paper size, `quick` otherwise."""
@@ -92,6 +104,7 @@ class Claim:
     kind: str
     statement: str
     measure: Callable[[Context], Outcome]
+    on_model: bool = False  # measures `Context.model` when one is given
 
 
 class Paper:
@@ -102,11 +115,12 @@ class Paper:
         self.title = title
         self.claims: list[Claim] = []
 
-    def claim(self, id: str, statement: str, *, kind: str):
+    def claim(self, id: str, statement: str, *, kind: str, on_model: bool = False):
         """Decorator registering `fn(ctx: Context) -> Outcome` as the check of a claim.
 
         `kind` is one of `KINDS`; `statement` holds the claim and its thresholds, fixed before
-        measuring.
+        measuring. `on_model`: the claim measures any `LanguageModel` given as `ctx.model`
+        (`python -m theory --model PATH`) in place of its own.
         """
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
@@ -114,7 +128,7 @@ class Paper:
         def register(fn: Callable[[Context], Outcome]):
             if any(c.id == id for c in self.claims):
                 raise ValueError(f"claim id {id!r} is already registered in paper {self.name!r}")
-            self.claims.append(Claim(id, self.name, kind, statement, fn))
+            self.claims.append(Claim(id, self.name, kind, statement, fn, on_model))
             return fn
 
         return register
@@ -125,11 +139,28 @@ def load_papers(names: Sequence[str] = PAPERS) -> list[Paper]:
     return [importlib.import_module(f"theory.{name}.claims").PAPER for name in names]
 
 
-def select(papers: Sequence[Paper], only: Sequence[str] = ()) -> list[Claim]:
-    """The claims of `papers` named by `only` (claim ids or paper names; all when empty).
+def select(
+    papers: Sequence[Paper], only: Sequence[str] = (), *, on_model: bool = False
+) -> list[Claim]:
+    """The claims of `papers` named by `only` (claim ids or paper names; all when empty), only
+    those declared `on_model` when `on_model`.
 
-    Raises `ValueError` listing the known names when a name matches nothing.
+    Raises `ValueError` listing the known names when a name matches nothing, or when `on_model`
+    leaves no claim.
     """
+    claims = _select(papers, only)
+    if not on_model:
+        return claims
+    chosen = [c for c in claims if c.on_model]
+    if not chosen:
+        known = [c.id for p in papers for c in p.claims if c.on_model]
+        raise ValueError(
+            f"no claim of the selection measures a given model; those that do: {known}"
+        )
+    return chosen
+
+
+def _select(papers: Sequence[Paper], only: Sequence[str]) -> list[Claim]:
     claims = [c for p in papers for c in p.claims]
     ids = [c.id for c in claims]
     if len(set(ids)) != len(ids):

@@ -1,9 +1,10 @@
 """Run claims and write the report: `DIR/claims.json`, `DIR/report.md`, `DIR/figures/*.png`.
 
-`python -m theory [--out DIR] [--full] [--only NAME[,NAME]] [--seed N]` runs every paper of
-`registry.PAPERS`; `python -m theory.<paper>` runs one paper. The exit status is 0 when every claim
-ran, whatever its verdict; 1 when a claim raised (its record says so, and the others still run); 2
-when the command line names no claim.
+`python -m theory [--out DIR] [--full] [--only NAME[,NAME]] [--seed N] [--model PATH]` runs every
+paper of `registry.PAPERS` (with `--model`, only the claims that measure a given model, on it);
+`python -m theory.<paper>` runs one paper. The exit status is 0 when every claim ran, whatever its
+verdict; 1 when a claim raised (its record says so, and the others still run); 2 when the command
+line names no claim or a model that cannot be loaded.
 """
 
 import datetime
@@ -23,6 +24,8 @@ import matplotlib
 import numpy as np
 from absl import flags
 
+from seqlab.interop import load_hf
+from seqlab.train.workdir import load_model as load_workdir_model
 from theory import registry
 
 FIELDS = (
@@ -54,10 +57,33 @@ def to_json(value):
     raise TypeError(f"cannot write {type(value).__name__} to claims.json: {value!r}")
 
 
-def run_claim(claim: registry.Claim, *, out_dir: pathlib.Path, full: bool, seed: int):
-    """Run one claim; returns `(record, error)` where `error` is None or the traceback text."""
+def load_model(path) -> registry.GivenModel:
+    """The model at `path`: a Hugging Face model directory (`config.json` naming its
+    `architectures`, read by `seqlab.interop`) or a seqlab workdir (`config.json` and
+    `checkpoints/`, e.g. written by `python -m experiments.convert` or `experiments.launch`)."""
+    path = pathlib.Path(path)
+    config = path / "config.json"
+    if not config.is_file():
+        raise ValueError(f"--model {str(path)!r} has no config.json")
+    if "architectures" in json.loads(config.read_text()):
+        converted = load_hf(path)
+        return registry.GivenModel(converted.model, converted.params, str(path))
+    model, params = load_workdir_model(path)
+    return registry.GivenModel(model, params, str(path))
+
+
+def run_claim(
+    claim: registry.Claim,
+    *,
+    out_dir: pathlib.Path,
+    full: bool,
+    seed: int,
+    model: registry.GivenModel | None = None,
+):
+    """Run one claim (on `model` when given); returns `(record, error)` where `error` is None or
+    the traceback text."""
     key = jax.random.fold_in(jax.random.key(seed), zlib.crc32(claim.id.encode()))
-    ctx = registry.Context(claim.id, full, key, out_dir / "figures")
+    ctx = registry.Context(claim.id, full, key, out_dir / "figures", model)
     start = time.perf_counter()
     try:
         outcome = claim.measure(ctx)
@@ -218,23 +244,30 @@ def run(
     seed: int = 0,
     readmes: pathlib.Path | None = None,
     command: str = "python -m theory --readme",
+    model: str | None = None,
 ) -> int:
     """Run the selected claims of `papers`, write the report, print the table; the exit status.
 
     With `readmes` (a folder holding `<paper>/README.md`), also write the verdict block of the
-    README of every paper whose claims all ran (none raised), crediting `command`.
+    README of every paper whose claims all ran (none raised), crediting `command`. With `model`
+    (a path for `load_model`), run only the claims declared `on_model`, on that model (no README
+    is written: the verdicts are the model's, not the paper's setting).
     """
     try:
-        claims = registry.select(papers, only)
-    except ValueError as e:
+        claims = registry.select(papers, only, on_model=model is not None)
+        given = None if model is None else load_model(model)
+    except (ValueError, NotImplementedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if given is not None:
+        readmes = None
+        print(f"measuring {given.source}: pattern {given.model.pattern!r}", flush=True)
     matplotlib.use("Agg")
     out_dir = pathlib.Path(out)
     records, errors = [], []
     for claim in claims:
         print(f"running {claim.id} ...", flush=True)
-        record, error = run_claim(claim, out_dir=out_dir, full=full, seed=seed)
+        record, error = run_claim(claim, out_dir=out_dir, full=full, seed=seed, model=given)
         records.append(record)
         if error is not None:
             errors.append(claim.id)
@@ -264,8 +297,9 @@ def run(
 def main_for(papers: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS):
     """An `absl.app` main running the papers named `papers`.
 
-    Defines the flags `--out`, `--full`, `--only`, `--seed`, `--readme` in `flag_values` on first
-    use (not at import, so that importing the runner adds no flags to another program).
+    Defines the flags `--out`, `--full`, `--only`, `--seed`, `--model`, `--readme` in
+    `flag_values` on first use (not at import, so that importing the runner adds no flags to
+    another program).
     """
     if "only" not in flag_values:
         flags.DEFINE_string(
@@ -282,6 +316,13 @@ def main_for(papers: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS)
         )
         flags.DEFINE_integer(
             "seed", 0, "Base seed; each claim folds in a hash of its id.", flag_values=flag_values
+        )
+        flags.DEFINE_string(
+            "model",
+            None,
+            "A seqlab workdir or Hugging Face model directory: run the claims that measure a "
+            "given model on it.",
+            flag_values=flag_values,
         )
         flags.DEFINE_bool(
             "readme",
@@ -308,6 +349,7 @@ def main_for(papers: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS)
             seed=f.seed,
             readmes=README_DIR if f.readme else None,
             command=command,
+            model=f.model,
         )
 
     return main

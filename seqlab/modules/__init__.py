@@ -12,16 +12,26 @@ from seqlab.modules.gated_deltanet import GatedDeltaNet
 from seqlab.modules.gated_deltanet2 import GatedDeltaNet2
 from seqlab.modules.gated_deltaproduct import GatedDeltaProduct
 from seqlab.modules.kda import KimiDeltaAttention
-from seqlab.modules.lm import MIXERS, PRESETS, LanguageModel, count_params, preset
+from seqlab.modules.lm import (
+    MIXERS,
+    MLPS,
+    PRESETS,
+    LanguageModel,
+    count_params,
+    greedy_decode,
+    preset,
+)
 from seqlab.modules.mamba import Mamba
 from seqlab.modules.mamba2 import Mamba2
 from seqlab.modules.mixer import Mixer
 from seqlab.modules.mlp import SwiGLU
+from seqlab.modules.moe import MoE
 from seqlab.modules.norm import RMSNorm
 from seqlab.modules.ode_transformer import DiscreteTransformer, ODETransformer, evaluate_at
 
 __all__ = [
     "MIXERS",
+    "MLPS",
     "PRESETS",
     "Attention",
     "Block",
@@ -35,11 +45,13 @@ __all__ = [
     "Mamba2",
     "MambaBlock",
     "Mixer",
+    "MoE",
     "ODETransformer",
     "RMSNorm",
     "SwiGLU",
     "TiedEmbedding",
     "count_params",
     "evaluate_at",
+    "greedy_decode",
     "preset",
 ]

@@ -1,12 +1,22 @@
-"""Multi-head softmax attention mixer: global causal or sliding-window, RoPE, grouped-query heads.
+"""Multi-head softmax attention mixer: global causal or sliding-window, RoPE on the whole head or
+part of it, grouped-query heads, optional per-head q/k norms and a sigmoid output gate.
 
 For `x: [B, T, d_model]`, `H` query heads and `HKV` key/value heads of width `D = head_dim`:
 
     q, k, v = x W_q, x W_k, x W_v                 # [B, T, H, D], [B, T, HKV, D], [B, T, HKV, D]
-    q, k    = rms_norm(q), rms_norm(k)            # per head, only with `qk_norm`
-    q, k    = rope(q, t), rope(k, t)
+    q, k    = rms_norm(q), rms_norm(k)            # per head, only with `qk_norm`, eps `norm_eps`;
+                                                  # scale w, or 1 + w with `zero_centered_norm`
+    q, k    = rope(q, t), rope(k, t)              # on the first `r = rotary_dim` channels of each
+                                                  # head (default all D), frequencies
+                                                  # theta^(-2i/r); channels r..D-1 pass through
     o       = attention(q, k, v, window)          # causal; with `window = w`: t - s < w
-    out     = o W_o
+    o       = o * sigmoid(x W_g)                  # only with `output_gate`; W_g: [d_model, H * D]
+    out     = o W_o                               # o flattened per token to [H * D]
+
+Qwen3-Next's full-attention layers are `qk_norm=True, zero_centered_norm=True, output_gate=True,
+rotary_dim=int(head_dim * partial_rotary_factor), norm_eps=rms_norm_eps`. Its `q_proj` emits the
+query and the gate together, `[H, 2D]` per token split per head; here `W_q` and `W_g` are separate
+projections (`q_proj`, `g_proj`), so a checkpoint converter splits the Hugging Face weight.
 
 Decoding (`init_cache`/`step`) keeps rotated keys and values. Global attention keeps every position,
 `[B, max_len, HKV, D]`, slot `s` holding position `s`. Sliding-window attention keeps a ring buffer
@@ -34,6 +44,25 @@ class Attention(Mixer):
 
     `__call__(x: [B, T, d_model]) -> [B, T, d_model]`; `init_cache(batch_size, max_len)`;
     `step(x_t: [B, d_model], cache) -> (y_t, cache)`, equal to `__call__` token by token.
+
+    Attributes:
+      d_model: model width.
+      num_heads: query heads `H`.
+      num_kv_heads: key/value heads `HKV` (None: `H`); fewer than `H`: grouped-query attention.
+      head_dim: head width `D` (None: `d_model // H`); even unless `rotary_dim` is set.
+      window: None for global causal attention; `w`: each query sees itself and `w - 1` keys.
+      rope_theta: RoPE base.
+      rotary_dim: None rotates the whole head; an even int `r` in `[2, D]` rotates only the first
+        `r` channels of each query and key head (RoPE over width `r`: frequencies
+        `theta^(-2i/r)`) and passes the other `D - r` through (Hugging Face's
+        `partial_rotary_factor`, `r = int(D * factor)`).
+      qk_norm: RMSNorm each query and key head over its `D` channels (params `q_norm`, `k_norm`).
+      norm_eps: epsilon of the q/k norms.
+      zero_centered_norm: the q/k norms scale by `1 + weight`, `weight` initialized to zeros
+        (`RMSNorm(zero_centered=True)`); requires `qk_norm`.
+      output_gate: multiply the attention output, per head channel before `o_proj`, by
+        `sigmoid(g_proj(x))` with `g_proj: d_model -> H * D`, no bias (gated attention).
+      dtype: compute dtype; param_dtype: parameter dtype.
     """
 
     d_model: int
@@ -45,6 +74,10 @@ class Attention(Mixer):
     qk_norm: bool = False
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    output_gate: bool = False  # o *= sigmoid(g_proj(x)) per head channel, before o_proj
+    rotary_dim: int | None = None  # None: rotate the whole head; r: only its first r channels
+    norm_eps: float = 1e-6  # epsilon of q_norm / k_norm
+    zero_centered_norm: bool = False  # q_norm / k_norm scale by 1 + weight (weight init 0)
 
     @property
     def kv_heads(self) -> int:
@@ -63,10 +96,22 @@ class Attention(Mixer):
             raise ValueError(
                 f"num_kv_heads must divide num_heads = {self.num_heads}, got {self.kv_heads}"
             )
-        if self.head_size % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_size}")
+        if self.rotary_dim is None:
+            if self.head_size % 2:
+                raise ValueError(f"head_dim must be even for RoPE, got {self.head_size}")
+        else:
+            check_positive_int("rotary_dim", self.rotary_dim)
+            if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
+                raise ValueError(
+                    f"rotary_dim must be an even int in [2, head_dim = {self.head_size}], "
+                    f"got {self.rotary_dim}"
+                )
         if self.window is not None:
             check_positive_int("window", self.window)
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
+        if self.zero_centered_norm and not self.qk_norm:
+            raise ValueError("zero_centered_norm requires qk_norm=True (it sets the q/k norms)")
 
     def setup(self):
         def dense(features: int, name: str) -> nn.Dense:
@@ -82,9 +127,20 @@ class Attention(Mixer):
         self.k_proj = dense(self.kv_heads * self.head_size, "k_proj")
         self.v_proj = dense(self.kv_heads * self.head_size, "v_proj")
         self.o_proj = dense(self.d_model, "o_proj")
+        if self.output_gate:
+            self.g_proj = dense(self.num_heads * self.head_size, "g_proj")
         if self.qk_norm:
-            self.q_norm = RMSNorm(param_dtype=self.param_dtype)
-            self.k_norm = RMSNorm(param_dtype=self.param_dtype)
+            norm = dict(
+                eps=self.norm_eps,
+                zero_centered=self.zero_centered_norm,
+                param_dtype=self.param_dtype,
+            )
+            self.q_norm = RMSNorm(**norm)
+            self.k_norm = RMSNorm(**norm)
+
+    def _rope(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        """RoPE on the first `rotary_dim` channels of each head of `x: [B, T, heads, D]`."""
+        return rope(x, positions, theta=self.rope_theta, rotary_dim=self.rotary_dim)
 
     def _qkv(self, x: jax.Array, positions: jax.Array):
         """Project `x: [B, T, d_model]` to rotated `q: [B, T, H, D]` and `k, v: [B, T, HKV, D]`."""
@@ -94,17 +150,21 @@ class Attention(Mixer):
         v = self.v_proj(x).reshape(batch, length, self.kv_heads, self.head_size)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = rope(q, positions, theta=self.rope_theta)
-        k = rope(k, positions, theta=self.rope_theta)
-        return q, k, v
+        return self._rope(q, positions), self._rope(k, positions), v
 
-    def _out(self, o: jax.Array) -> jax.Array:
-        """`o: [B, T, H, D]` -> `[B, T, d_model]`."""
-        return self.o_proj(o.reshape(*o.shape[:2], self.num_heads * self.head_size))
+    def _out(self, o: jax.Array, x: jax.Array) -> jax.Array:
+        """`o: [B, T, H, D]`, the layer input `x: [B, T, d_model]` (for the output gate) ->
+        `[B, T, d_model]`."""
+        o = o.reshape(*o.shape[:2], self.num_heads * self.head_size)
+        if self.output_gate:
+            acc = self.acc_dtype
+            gate = jax.nn.sigmoid(self.g_proj(x).astype(acc))
+            o = (o.astype(acc) * gate).astype(self.dtype)
+        return self.o_proj(o)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x: [B, T, d_model]` -> `[B, T, d_model]`."""
-        return self._out(attention(**self.op_inputs(x)))
+        return self._out(attention(**self.op_inputs(x)), x)
 
     def op_inputs(self, x: jax.Array) -> dict:
         """The operands of `seqlab.ops.attention` for `x: [B, T, d_model]`, as `__call__` passes
@@ -146,4 +206,4 @@ class Attention(Mixer):
             q, new_k, new_v, q_positions=pos[None], k_positions=slot_pos, window=self.window
         )
         new_cache = {"k": new_k, "v": new_v, "slot_pos": slot_pos, "pos": pos + 1}
-        return self._out(o)[:, 0], new_cache
+        return self._out(o, x_t[:, None])[:, 0], new_cache

@@ -16,17 +16,20 @@ class Block(nn.Module):
 
     Attributes:
       mixer: the sequence mixer.
-      mlp: the channel MLP, or None (Mamba-1 blocks have none).
+      mlp: the channel MLP (`SwiGLU`, `MoE`), or None (Mamba-1 blocks have none).
       norm_eps: epsilon of both RMSNorms.
+      zero_centered_norm: zero-centred RMSNorms (scale `1 + weight`, Qwen3-Next).
     """
 
     mixer: nn.Module
     mlp: nn.Module | None = None
     norm_eps: float = 1e-6
+    zero_centered_norm: bool = False
 
     def setup(self):
-        self.mixer_norm = RMSNorm(eps=self.norm_eps)
-        self.mlp_norm = None if self.mlp is None else RMSNorm(eps=self.norm_eps)
+        norm = dict(eps=self.norm_eps, zero_centered=self.zero_centered_norm)
+        self.mixer_norm = RMSNorm(**norm)
+        self.mlp_norm = None if self.mlp is None else RMSNorm(**norm)
 
     def _mlp_residual(self, x: jax.Array) -> jax.Array:
         return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))

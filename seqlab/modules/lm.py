@@ -7,14 +7,22 @@
     'g'  Gated DeltaNet           'k'  Kimi Delta Attention
     'n'  Gated DeltaNet-2         'p'  Gated DeltaProduct
 
-Every block is `Block(mixer, mlp)`: `x + mixer(RMSNorm(x))`, then `x + SwiGLU(RMSNorm(x))` when
-`d_ff` is set. The head is tied to the embedding (`TiedEmbedding`): `logits = RMSNorm(h) @ E^T`,
-in float32 (float64 for a float64 model).
+Every block is `Block(mixer, mlp)`: `x + mixer(RMSNorm(x))`, then `x + mlp(RMSNorm(x))` when the
+block has an MLP. `mlp_pattern` spells the MLPs, one character per block:
+
+    'd'  SwiGLU of width `d_ff`   'e'  mixture of experts (`MoE`, keyword arguments `moe`)
+    '-'  none
+
+and defaults to 'd' everywhere when `d_ff` is set, '-' otherwise. The head is tied to the
+embedding (`TiedEmbedding`): `logits = RMSNorm(h) @ E^T`, in float32 (float64 for a float64
+model), or has weights of its own with `tie_embeddings=False`. `zero_centered_norm` makes every
+block norm and the final norm zero-centred (scale `1 + weight`, Qwen3-Next).
 
 `python -m seqlab.modules.lm` prints the parameter count of every preset (shapes only, no
 allocation).
 """
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +42,7 @@ from seqlab.modules.kda import KimiDeltaAttention
 from seqlab.modules.mamba import Mamba
 from seqlab.modules.mamba2 import Mamba2
 from seqlab.modules.mlp import SwiGLU
+from seqlab.modules.moe import MoE
 from seqlab.ops.checks import check_positive_int, check_shape
 
 MIXERS = {
@@ -46,6 +55,7 @@ MIXERS = {
     "a": "global causal Attention",
     "s": "sliding-window Attention",
 }
+MLPS = {"d": "SwiGLU (d_ff)", "e": "mixture of experts (moe)", "-": "no MLP"}
 
 
 class LanguageModel(nn.Module):
@@ -60,13 +70,18 @@ class LanguageModel(nn.Module):
       vocab_size: number of tokens.
       d_model: model width.
       pattern: one character per block from `MIXERS`.
-      d_ff: hidden width of the SwiGLU MLP of every block, or None for blocks without MLP.
+      d_ff: hidden width of the SwiGLU MLPs ('d' in `mlp_pattern`), or None.
+      mlp_pattern: one character per block from `MLPS`; None: 'd' per block when `d_ff` is set,
+        '-' otherwise.
+      moe: keyword arguments of `MoE` for 'e' MLPs (`d_ff`, `num_experts`, `top_k` required).
       mamba, mamba2, gdn: keyword arguments of `Mamba`, `Mamba2`, `GatedDeltaNet`.
       kda, gdn2, gdp: keyword arguments of `KimiDeltaAttention`, `GatedDeltaNet2`,
         `GatedDeltaProduct`.
       attention: keyword arguments of `Attention` for 'a' and 's' blocks (`num_heads` required;
         'a' blocks ignore `window`, 's' blocks require it).
       norm_eps: epsilon of the block norms and the final norm.
+      zero_centered_norm: zero-centred block and final norms (scale `1 + weight`).
+      tie_embeddings: the readout reuses the embedding; False gives it weights of its own.
       dtype: compute dtype of every layer; param_dtype: parameter dtype.
     """
 
@@ -81,11 +96,19 @@ class LanguageModel(nn.Module):
     gdn2: Mapping[str, Any] = FrozenDict()
     gdp: Mapping[str, Any] = FrozenDict()
     attention: Mapping[str, Any] = FrozenDict()
+    mlp_pattern: str | None = None
+    moe: Mapping[str, Any] = FrozenDict()
     norm_eps: float = 1e-5
+    zero_centered_norm: bool = False
+    tie_embeddings: bool = True
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
     def __post_init__(self):
+        # Keyword blocks frozen (dicts to FrozenDict, lists to tuples, as from JSON configs) so
+        # that the model hashes and can be a static argument of `jax.jit`.
+        for field in _BLOCKS:
+            object.__setattr__(self, field, _frozen(getattr(self, field)))
         check_positive_int("vocab_size", self.vocab_size)
         check_positive_int("d_model", self.d_model)
         if self.d_ff is not None:
@@ -99,9 +122,26 @@ class LanguageModel(nn.Module):
             raise ValueError("attention must set num_heads when pattern has 'a' or 's' blocks")
         if "s" in self.pattern and self.attention.get("window") is None:
             raise ValueError("attention must set window when pattern has 's' blocks")
+        mlps = self.mlps
+        if len(mlps) != len(self.pattern) or set(mlps) - set(MLPS):
+            raise ValueError(
+                f"mlp_pattern must have one character from {MLPS} per block "
+                f"({len(self.pattern)}), got {self.mlp_pattern!r}"
+            )
+        if "d" in mlps and self.d_ff is None:
+            raise ValueError("d_ff must be set when mlp_pattern has 'd' blocks")
+        if "e" in mlps and not self.moe:
+            raise ValueError("moe must be set when mlp_pattern has 'e' blocks")
         super().__post_init__()
 
-    def _mixer(self, kind: str) -> nn.Module:
+    @property
+    def mlps(self) -> str:
+        """The MLP of every block, one character of `MLPS` each (`mlp_pattern` or its default)."""
+        if self.mlp_pattern is not None:
+            return self.mlp_pattern
+        return ("-" if self.d_ff is None else "d") * len(self.pattern)
+
+    def make_mixer(self, kind: str) -> nn.Module:
         """The unbound mixer of a pattern character (its `Block` adopts it)."""
         common = dict(d_model=self.d_model, dtype=self.dtype, param_dtype=self.param_dtype)
         if kind == "m":
@@ -119,19 +159,34 @@ class LanguageModel(nn.Module):
         window = None if kind == "a" else self.attention["window"]
         return Attention(**{**self.attention, "window": window}, **common, parent=None)
 
-    def _mlp(self) -> nn.Module | None:
-        """An unbound SwiGLU MLP when `d_ff` is set."""
-        if self.d_ff is None:
-            return None
-        return SwiGLU(self.d_model, self.d_ff, self.dtype, self.param_dtype, parent=None)
+    def make_mlp(self, kind: str) -> nn.Module | None:
+        """The unbound MLP of an `mlp_pattern` character (None for '-')."""
+        if kind == "d":
+            return SwiGLU(self.d_model, self.d_ff, self.dtype, self.param_dtype, parent=None)
+        if kind == "e":
+            common = dict(d_model=self.d_model, dtype=self.dtype, param_dtype=self.param_dtype)
+            return MoE(**self.moe, **common, parent=None)
+        return None
 
     def setup(self):
         self.embedding = TiedEmbedding(
-            self.vocab_size, self.d_model, "rms", self.norm_eps, self.dtype, self.param_dtype
+            self.vocab_size,
+            self.d_model,
+            "rms",
+            self.norm_eps,
+            self.dtype,
+            self.param_dtype,
+            tie=self.tie_embeddings,
+            zero_centered=self.zero_centered_norm,
         )
         self.blocks = [
-            Block(mixer=self._mixer(kind), mlp=self._mlp(), norm_eps=self.norm_eps)
-            for kind in self.pattern
+            Block(
+                mixer=self.make_mixer(kind),
+                mlp=self.make_mlp(mlp),
+                norm_eps=self.norm_eps,
+                zero_centered_norm=self.zero_centered_norm,
+            )
+            for kind, mlp in zip(self.pattern, self.mlps, strict=True)
         ]
 
     def embed(self, tokens: jax.Array) -> jax.Array:
@@ -168,17 +223,69 @@ class LanguageModel(nn.Module):
         return self.embedding.readout(h), tuple(new_cache)
 
 
+_BLOCKS = ("mamba", "mamba2", "gdn", "kda", "gdn2", "gdp", "attention", "moe")
+
+
+def _frozen(value):
+    """`value` with every mapping a `FrozenDict` and every list a tuple, recursively."""
+    if isinstance(value, Mapping):
+        return FrozenDict({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
 def _check_tokens(name: str, tokens, expected: tuple, layout: str) -> None:
     if not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
         raise ValueError(f"{name} must be an integer array, got dtype {jnp.result_type(tokens)}")
     check_shape(name, tokens, expected, layout)
 
 
-def count_params(model: LanguageModel) -> int:
-    """Number of parameters of `model`, from shapes only (`jax.eval_shape`, nothing allocated)."""
+def greedy_decode(model: LanguageModel, params, prompt: jax.Array, num_tokens: int) -> jax.Array:
+    """Greedy continuation of `prompt: [B, P]` int (P >= 1) by `num_tokens` tokens: `[B,
+    num_tokens]` int32. The prompt is fed through `step` token by token (the same function as
+    `__call__`), then each new token is the argmax of the last logits (ties to the lowest id, as
+    `torch.argmax`). `params`: the model's parameters (the `"params"` entry). Compiled once per
+    model, prompt shape and `num_tokens`."""
+    _check_tokens("prompt", prompt, (None, None), "[B, P]")
+    check_positive_int("num_tokens", num_tokens)
+    if prompt.shape[1] < 1:
+        raise ValueError(f"prompt must hold at least one token, got shape {prompt.shape}")
+    return _greedy(model, params, prompt, num_tokens)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _greedy(model: LanguageModel, params, prompt: jax.Array, num_tokens: int) -> jax.Array:
+    variables = {"params": params}
+    batch, length = prompt.shape
+
+    def step(cache, tokens_t):
+        logits, cache = model.apply(variables, tokens_t, cache, method="step")
+        return cache, logits
+
+    cache = model.apply(variables, batch, length + num_tokens, method="init_cache")
+    cache, logits = jax.lax.scan(step, cache, prompt.T)
+    first = jnp.argmax(logits[-1], axis=-1).astype(jnp.int32)
+
+    def generate(carry, _):
+        token, cache = carry
+        cache, logits = step(cache, token)
+        return (jnp.argmax(logits, axis=-1).astype(jnp.int32), cache), token
+
+    _, tokens = jax.lax.scan(generate, (first, cache), None, length=num_tokens)
+    return tokens.T
+
+
+def param_shapes(model: LanguageModel) -> dict:
+    """The parameters of `model` as `jax.ShapeDtypeStruct`s (`jax.eval_shape`, nothing
+    allocated): the `"params"` collection, nested dicts."""
     tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
-    shapes = jax.eval_shape(model.init, jax.random.key(0), tokens)
-    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes["params"]))
+    return jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
+
+
+def count_params(model: LanguageModel) -> int:
+    """Number of parameters of `model`, from shapes only (nothing allocated)."""
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(param_shapes(model)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,6 +372,27 @@ PRESETS: dict[str, dict] = {
     "tiny-gdp": dict(**_TINY, pattern="p", d_ff=48, gdp=_TINY_GDP),
     "tiny-attention": dict(**_TINY, pattern="as", d_ff=48, attention=_TINY_ATTENTION),
     "tiny-h1": dict(**_TINY, pattern="gs", d_ff=48, gdn=_TINY_GDN, attention=_TINY_ATTENTION),
+    # Qwen3-Next's layout (seqlab.interop): zero-centred norms, untied head, gated attention with
+    # partial rotary and q/k norms, grouped value heads, mixture-of-experts and dense MLPs.
+    "tiny-qwen3-next": dict(
+        **_TINY,
+        pattern="gga",
+        mlp_pattern="ede",
+        d_ff=48,
+        moe={"d_ff": 16, "num_experts": 4, "top_k": 2, "shared_d_ff": 24},
+        gdn={**_TINY_GDN, "num_v_heads": 4},
+        attention={
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "head_dim": 8,
+            "rotary_dim": 4,
+            "qk_norm": True,
+            "zero_centered_norm": True,
+            "output_gate": True,
+        },
+        zero_centered_norm=True,
+        tie_embeddings=False,
+    ),
     "tiny-h2": dict(
         **_TINY,
         pattern="2gs",

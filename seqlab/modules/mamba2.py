@@ -14,7 +14,11 @@ For `x: [B, T, d_model]`, with `d_inner = expand * d_model`, `H = d_inner / head
 The recurrence is `seqlab.ops.ssd` with `q = C`, `k = B`, `v = dt * x`, `g = dt * A`. The output
 norm follows `mamba_ssm`: an RMSNorm over each of the `G` groups of `d_inner / G` channels, gated by
 `silu(z)`, by default applied after the gate (`norm_before_gate=False`:
-`rms_norm(y * silu(z))`); `norm_before_gate=True` gives `rms_norm(y) * silu(z)`.
+`rms_norm(y * silu(z))`); `norm_before_gate=True` gives `rms_norm(y) * silu(z)`. Hugging Face
+transformers' `Mamba2Mixer` (its pure-torch path, `torch_forward`, through 4.57) normalizes over
+all `d_inner` channels at once whatever `G` is, which differs from `mamba_ssm` when `G > 1`:
+`norm_per_group=False` gives that behaviour, so a converted checkpoint reproduces either
+(`seqlab.interop`).
 
 Initialization follows `mamba_ssm.modules.mamba2.Mamba2` (`A ~ U(1, 16]`, `dt` log-uniform in
 `[dt_min, dt_max]` floored at `dt_init_floor` and stored as `dt_bias = softplus^{-1}(dt)`, `D = 1`,
@@ -55,6 +59,8 @@ class Mamba2(Mixer):
       A_init_range: range `(low, high]` of the initial decay rates `A = exp(A_log)`.
       norm_eps: epsilon of the output RMSNorm (1e-5 as `mamba_ssm`).
       norm_before_gate: `rms_norm(y) * silu(z)` instead of `mamba_ssm`'s `rms_norm(y * silu(z))`.
+      norm_per_group: one RMSNorm per group of `d_inner / G` channels (`mamba_ssm`); False: one
+        over all `d_inner` channels (transformers' `Mamba2Mixer`). Equal when `G = 1`.
       dtype: compute dtype; states and gates accumulate in `promote_types(dtype, float32)`.
       param_dtype: parameter dtype.
     """
@@ -73,6 +79,7 @@ class Mamba2(Mixer):
     A_init_range: tuple[float, float] = (1.0, 16.0)
     norm_eps: float = 1e-5
     norm_before_gate: bool = False
+    norm_per_group: bool = True
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
@@ -195,10 +202,12 @@ class Mamba2(Mixer):
         return self.out_proj(self._gated_norm(y, z.astype(acc)).astype(self.dtype))
 
     def _gated_norm(self, y: jax.Array, z: jax.Array) -> jax.Array:
-        """RMSNorm over each of the `G` channel groups of `y: [..., d_inner]`, gated by silu(z)."""
+        """RMSNorm over each of the `G` channel groups of `y: [..., d_inner]` (over all channels
+        without `norm_per_group`), gated by silu(z)."""
+        n = self.n_groups if self.norm_per_group else 1
 
         def groups(a):
-            return a.reshape(*a.shape[:-1], self.n_groups, self.d_inner // self.n_groups)
+            return a.reshape(*a.shape[:-1], n, self.d_inner // n)
 
         weight = groups(self.norm_weight)  # [G, d_inner / G]
         if self.norm_before_gate:

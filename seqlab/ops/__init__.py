@@ -10,6 +10,7 @@ from seqlab.ops.gated_delta import gated_delta_rule, gated_delta_rule_step
 from seqlab.ops.gated_delta_product import gated_delta_product, gated_delta_product_step
 from seqlab.ops.gdn2 import gdn2, gdn2_step
 from seqlab.ops.kda import kda, kda_gate, kda_step
+from seqlab.ops.moe import routed_swiglu, top_k_routing
 from seqlab.ops.norm import gated_rms_norm, l2_normalize, rms_norm
 from seqlab.ops.selective_scan import selective_scan
 from seqlab.ops.softsort import soft_sort
@@ -32,8 +33,10 @@ __all__ = [
     "l2_normalize",
     "rms_norm",
     "rope",
+    "routed_swiglu",
     "selective_scan",
     "soft_sort",
     "ssd",
     "ssd_step",
+    "top_k_routing",
 ]

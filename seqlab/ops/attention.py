@@ -23,16 +23,25 @@ def _check_positions(name: str, positions, batch: int, length: int, layout: str)
     return positions
 
 
-def rope(x: jax.Array, positions: jax.Array, *, theta: float = 10000.0) -> jax.Array:
+def rope(
+    x: jax.Array,
+    positions: jax.Array,
+    *,
+    theta: float = 10000.0,
+    rotary_dim: int | None = None,
+) -> jax.Array:
     """Rotary position embedding (half-split layout, as in GPT-NeoX and Llama).
 
-    Channel pairs `(i, i + D/2)` rotate by the angle `p * theta^(-2i/D)`, so that the dot product of
-    a rotated query at position `p` and a rotated key at position `s` depends on `p - s` only.
+    Channel pairs `(i, i + R/2)` of the first `R = rotary_dim` channels (all `D` by default)
+    rotate by the angle `p * theta^(-2i/R)`, so that the dot product of a rotated query at position
+    `p` and a rotated key at position `s` depends on `p - s` only; channels from `R` on pass
+    through (partial rotary, transformers' `partial_rotary_factor = R / D`).
 
     Args:
-      x: `[B, T, H, D]`, `D` even.
+      x: `[B, T, H, D]`, `D` even unless `rotary_dim` is set.
       positions: `[B, T]` or `[T]`, integer.
       theta: the base of the frequencies.
+      rotary_dim: None (the whole head) or an even `R` in `[2, D]`.
 
     Returns:
       `[B, T, H, D]` in `x.dtype`; the rotation is computed in float32 (float64 for float64 inputs).
@@ -40,6 +49,13 @@ def rope(x: jax.Array, positions: jax.Array, *, theta: float = 10000.0) -> jax.A
     check_floating("x", x)
     check_shape("x", x, (None, None, None, None), "[B, T, H, D]")
     batch, length, _, dim = x.shape
+    if rotary_dim is not None and rotary_dim != dim:
+        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+            raise ValueError(f"rotary_dim must be an int, got {rotary_dim!r}")
+        if rotary_dim % 2 or not 2 <= rotary_dim <= dim:
+            raise ValueError(f"rotary_dim must be an even int in [2, D = {dim}], got {rotary_dim}")
+        rotated = rope(x[..., :rotary_dim], positions, theta=theta)
+        return jnp.concatenate([rotated, x[..., rotary_dim:]], axis=-1)
     if dim % 2:
         raise ValueError(f"x must have an even head dimension D in [B, T, H, D], got {x.shape}")
     positions = _check_positions("positions", positions, batch, length, "[B, T]")

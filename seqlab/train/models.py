@@ -14,6 +14,10 @@ experiment config.
 is its default Euler step count, `d_model` and `d_ff` its sizes, and the block `ode` holds
 `num_heads`, `time_features`, `hidden` and `lora_rank`.
 
+`lm` builds `LanguageModel(**model.lm)` from a block holding every keyword argument of it (the
+form `python -m experiments.convert` writes for a converted Hugging Face checkpoint); its
+`vocab_size` must be the data's.
+
 `polar_mamba` is Mamba with `polarize=(1, 1)` (one never-forgetting and one fast-forgetting state
 channel per inner channel, Wang et al. arXiv 2501.00658), unless the `model.mamba` block sets
 `polarize` itself.
@@ -43,11 +47,12 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float
 
 
 ODE_TRANSFORMER = "ode_transformer"
+LM = "lm"
 
 
 def model_names() -> list[str]:
     """Every name `build_model` accepts."""
-    return sorted([*PATTERNS, ODE_TRANSFORMER]) + sorted(PRESETS)
+    return sorted([*PATTERNS, ODE_TRANSFORMER, LM]) + sorted(PRESETS)
 
 
 def build_model(model, vocab_size: int) -> LanguageModel | ODETransformer:
@@ -58,6 +63,14 @@ def build_model(model, vocab_size: int) -> LanguageModel | ODETransformer:
     check_choice("model.name", model.name, model_names())
     if model.name in PRESETS:
         return preset(model.name, vocab_size=vocab_size, **dtypes)
+    if model.name == LM:
+        kwargs = model.lm.to_dict() if hasattr(model.lm, "to_dict") else dict(model.lm)
+        if kwargs.get("vocab_size") != vocab_size:
+            raise ValueError(
+                f"model.lm.vocab_size = {kwargs.get('vocab_size')} but the data has "
+                f"{vocab_size} tokens"
+            )
+        return LanguageModel(**kwargs, **dtypes)
     for field in ("d_model", "num_layers"):
         check_positive_int(f"model.{field}", model[field])
     if model.d_ff < 0:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seqlab.modules.lm import PRESETS, LanguageModel, count_params, preset
+from seqlab.modules.lm import PRESETS, LanguageModel, count_params, greedy_decode, preset
 from tests.conftest import assert_close
 
 TINY = sorted(name for name in PRESETS if name.startswith("tiny-"))
@@ -146,12 +146,42 @@ def test_paper_preset_sizes(name):
         (dict(pattern="gx"), "pattern"),
         (dict(pattern="s", attention={"num_heads": 2}), "attention"),
         (dict(pattern="a", attention={}), "attention"),
+        (dict(mlp_pattern="dd"), "mlp_pattern"),
+        (dict(mlp_pattern="x"), "mlp_pattern"),
+        (dict(mlp_pattern="d"), "d_ff"),
+        (dict(mlp_pattern="e"), "moe"),
     ],
 )
 def test_bad_fields_raise(kwargs, name):
     base = dict(vocab_size=11, d_model=8, pattern="g", gdn={"num_heads": 1, "head_dim": 4})
     with pytest.raises(ValueError, match=name):
         LanguageModel(**(base | kwargs))
+
+
+def test_untied_head_and_zero_centred_norms():
+    _, params, _ = _tiny("tiny-qwen3-next")
+    p = params["params"]
+    assert p["embedding"]["head"].shape == p["embedding"]["embedding"].shape
+    assert not np.array_equal(p["embedding"]["head"], p["embedding"]["embedding"])
+    for norm in (p["embedding"]["norm"], p["blocks_0"]["mixer_norm"], p["blocks_2"]["mlp_norm"]):
+        np.testing.assert_array_equal(norm["weight"], 0.0)  # scale 1 + weight
+    assert set(p["blocks_0"]["mlp"]) >= {"router", "gate", "shared_expert"}
+    assert set(p["blocks_1"]["mlp"]) == {"gate", "up", "down"}  # 'd': SwiGLU
+
+
+def test_greedy_decode_is_the_argmax_of_the_forward():
+    """Each decoded token is the argmax of `__call__`'s logits on the prompt and the tokens decoded
+    before it."""
+    model, params, tokens = _tiny("tiny-qwen3-next")
+    prompt = tokens[:, :3]
+    decoded = greedy_decode(model, params["params"], prompt, 6)
+    assert decoded.shape == (2, 6) and decoded.dtype == jnp.int32
+    logits = model.apply(params, jnp.concatenate([prompt, decoded], axis=1))
+    np.testing.assert_array_equal(jnp.argmax(logits[:, 2:-1], axis=-1), decoded)
+    with pytest.raises(ValueError, match="num_tokens"):
+        greedy_decode(model, params["params"], prompt, 0)
+    with pytest.raises(ValueError, match="prompt"):
+        greedy_decode(model, params["params"], prompt[0], 2)
 
 
 def test_bad_inputs_raise():

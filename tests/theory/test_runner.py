@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl import flags
@@ -204,3 +206,43 @@ def test_cli_end_to_end(tmp_path):
     assert (out / "figures" / "polar_zero_channel_forgets.png").stat().st_size > 0
     assert "figures/polar_zero_channel_forgets.png" in (out / "report.md").read_text()
     assert "polar_zero_channel_forgets" in proc.stdout  # the printed table
+
+
+def _mamba_lm():
+    from seqlab.modules.lm import LanguageModel
+
+    model = LanguageModel(vocab_size=23, d_model=16, pattern="mm", mamba={"d_state": 4})
+    params = model.init(jax.random.key(0), jnp.zeros((1, 3), jnp.int32))["params"]
+    return model, params
+
+
+def test_model_flag_runs_the_claims_that_take_a_model(tmp_path, capsys):
+    """`--model` loads a workdir (or a Hugging Face directory), runs only the `on_model` claims,
+    hands them the model, and writes no README; a path that is neither exits 2."""
+    from seqlab.train.workdir import save_model
+
+    paper = registry.Paper("toy", "A toy paper")
+
+    @paper.claim("toy_own", "Measures only its own model.", kind="paper")
+    def own(ctx):
+        raise AssertionError("not on_model: must not run with --model")
+
+    @paper.claim("toy_given", "Reads the given model.", kind="construction", on_model=True)
+    def given(ctx):
+        vocab = ctx.model.model.vocab_size
+        return registry.Outcome({"vocab": vocab}, {"vocab": 23}, registry.verdict(vocab == 23), "v")
+
+    _, params = _mamba_lm()
+    block = {
+        "name": "lm",
+        "lm": {"vocab_size": 23, "d_model": 16, "pattern": "mm", "mamba": {"d_state": 4}},
+        "dtype": "float32",
+    }
+    save_model(tmp_path / "wd", block, params)
+    status = runner.run([paper], out=tmp_path / "out", model=str(tmp_path / "wd"))
+    assert status == 0
+    assert [(r["id"], r["verdict"]) for r in _read(tmp_path / "out")] == [("toy_given", "holds")]
+    assert runner.run([paper], out=tmp_path / "o2", model=str(tmp_path / "none")) == 2
+    assert "has no config.json" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="measures a given model"):
+        registry.select([paper], ["toy_own"], on_model=True)

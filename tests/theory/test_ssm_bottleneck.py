@@ -2,6 +2,7 @@
 paper says and the same measurements detect their absence elsewhere."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -319,3 +320,23 @@ def test_mqar_training_runs_and_reports_per_seed():
         assert run["accuracy"].shape == (3,) and run["losses"].shape == (3, 3)
         assert np.all((run["accuracy"] >= 0) & (run["accuracy"] <= 1))
         assert np.all(np.isfinite(run["losses"]))
+
+
+def test_model_level_claims_measure_a_hugging_face_directory(tmp_path):
+    """`python -m theory --model HF_DIR --only ssm_bottleneck`: the recency and over-smoothing
+    claims run on a model read by `seqlab.interop` (a random Mamba-1 written by `save_hf`)."""
+    from seqlab.interop import save_hf
+    from seqlab.modules.lm import LanguageModel
+    from theory import registry, runner
+
+    model = LanguageModel(vocab_size=23, d_model=16, pattern="mm", mamba={"d_state": 4})
+    params = model.init(jax.random.key(0), jnp.zeros((1, 3), jnp.int32))["params"]
+    save_hf(model, params, tmp_path / "hf")
+    papers = registry.load_papers(["ssm_bottleneck"])
+    status = runner.run(papers, out=tmp_path / "out", model=str(tmp_path / "hf"))
+    assert status == 0
+    records = json.loads((tmp_path / "out" / "claims.json").read_text())
+    assert {r["id"] for r in records} == {"recency_log_linear_trained", "oversmoothing_mixer"}
+    for r in records:
+        assert r["measured"]["model"] == str(tmp_path / "hf")
+        assert r["verdict"] in ("holds", "fails")

@@ -10,6 +10,7 @@ unit of `tau`: 0 on the 1-channel, `|A_n|` on the learnable channels, 100 on the
 """
 
 import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -258,10 +259,14 @@ def recency_rate_vs_a_max(ctx: Context) -> Outcome:
     "seed 0), "
     "the mean over query positions of log ||dh_t / de_s|| (last block output against input "
     "embeddings) against t - s, beyond the conv window, has a negative slope and R^2 >= 0.9. "
-    "The polarized model (A = 1 channel, outside the theorem) is reported for contrast.",
+    "The polarized model (A = 1 channel, outside the theorem) is reported for contrast. With "
+    "--model, the same fit on the given model over random tokens of its vocabulary.",
     kind="paper",
+    on_model=True,
 )
 def recency_log_linear_trained(ctx: Context) -> Outcome:
+    if ctx.model is not None:
+        return _recency_given(ctx)
     setup = ctx.size(mqar.QUICK, mqar.FULL)
     length = min(setup.seq_len, 64)  # a causal prefix keeps the Jacobian small at paper size
     trained = mqar.train_all(setup)
@@ -291,6 +296,43 @@ def recency_log_linear_trained(ctx: Context) -> Outcome:
         verdict=verdict(holds),
         summary=f"default: slope {d['slope']:.3g}, R^2 {d['r2']:.3f} (holds iff < 0 and >= 0.9); "
         f"polarized: slope {fits['polarized']['slope']:.3g}, R^2 {fits['polarized']['r2']:.3f}",
+        figures=(path,),
+    )
+
+
+def _given_tokens(ctx: Context, length: int, batch: int = 1) -> jax.Array:
+    """Uniform random tokens `[batch, length]` over the given model's vocabulary."""
+    vocab = ctx.model.model.vocab_size
+    return jax.random.randint(jax.random.fold_in(ctx.key, 7), (batch, length), 0, vocab)
+
+
+def _recency_given(ctx: Context) -> Outcome:
+    """`recency_log_linear_trained` on `ctx.model` (random tokens; fit beyond the widest
+    convolution of its mixers)."""
+    lm, params = ctx.model.model, ctx.model.params
+    length = ctx.size(48, 128)
+    tokens = _given_tokens(ctx, length, ctx.size(2, 4))
+    conv = max(getattr(lm.make_mixer(kind), "conv_size", 1) for kind in set(lm.pattern))
+    infl = mqar.block_influence(lm, params, tokens)
+    fit = measures.recency_fit(infl, conv, length - 4)
+    fit["r2"] = measures.r_squared(fit["distances"], fit["profile"])
+    holds = fit["slope"] < 0 and fit["r2"] >= 0.9
+    path = ctx.figure()
+    name = pathlib.Path(ctx.model.source).name
+    figures.log_linear(path, {lm.pattern: fit}, title=f"{name}, random tokens")
+    return Outcome(
+        measured=dict(
+            model=ctx.model.source,
+            pattern=lm.pattern,
+            slope=fit["slope"],
+            slope_stderr=fit["slope_stderr"],
+            r2=fit["r2"],
+            length=length,
+        ),
+        expected=dict(slope="< 0", r2=">= 0.9"),
+        verdict=verdict(holds),
+        summary=f"{ctx.model.source} ({lm.pattern}): slope {fit['slope']:.3g}, R^2 "
+        f"{fit['r2']:.3f} (holds iff < 0 and >= 0.9)",
         figures=(path,),
     )
 
@@ -391,24 +433,33 @@ def _kept(xs: np.ndarray) -> float:
     "Over-smoothing with depth (Sec. 4, Fig. 5) on the real mixer: in a stack of randomly "
     "initialized seqlab Mamba mixers on standard-normal tokens, the scale-free relative "
     "Dirichlet energy after all layers is at most 0.9 of its input value, both for the bare "
-    "stack (x <- mixer(RMSNorm(x))) and with the residual path (x <- x + mixer(RMSNorm(x))).",
+    "stack (x <- mixer(RMSNorm(x))) and with the residual path (x <- x + mixer(RMSNorm(x))). "
+    "With --model, the given model's blocks on the embeddings of random tokens: its mixers alone "
+    "(bare) and its blocks as they are (residual, with their MLPs).",
     kind="paper",
+    on_model=True,
 )
 def oversmoothing_mixer(ctx: Context) -> Outcome:
-    depth, d_model, d_state, x = _mixer_input(ctx)
-    block, params = measures.mixer_blocks(ctx.key, depth, d_model, d_state=d_state)
-    runs = {
-        name: measures.block_stack(block, params, x, residual=residual)
-        for name, residual in (("bare", False), ("residual", True))
-    }
+    if ctx.model is not None:
+        lm = ctx.model.model
+        tokens = _given_tokens(ctx, ctx.size(32, 128))
+        runs = measures.model_streams(lm, ctx.model.params, tokens[0])
+        depth, label, extra = len(lm.pattern), ctx.model.source, dict(model=ctx.model.source)
+    else:
+        depth, d_model, d_state, x = _mixer_input(ctx)
+        block, params = measures.mixer_blocks(ctx.key, depth, d_model, d_state=d_state)
+        runs = {
+            name: measures.block_stack(block, params, x, residual=residual)
+            for name, residual in (("bare", False), ("residual", True))
+        }
+        inputs = block.apply(params[0], x[None], method=lambda m, v: m.mixer.op_inputs(v))
+        a_lo, a_hi = (np.asarray(v, np.float64) for v in transition_range(inputs))
+        label = "Mamba mixers"
+        extra = dict(first_layer_a_min_max=[float(a_lo.min()), float(a_hi.max())])
     kept = {name: _kept(xs) for name, xs in runs.items()}
     holds = all(v <= 0.9 for v in kept.values())
-    inputs = block.apply(params[0], x[None], method=lambda m, v: m.mixer.op_inputs(v))
-    a_lo, a_hi = (np.asarray(v, np.float64) for v in transition_range(inputs))
     path = ctx.figure()
-    figures.smoothing(
-        path, {n: measures.smoothing_curves(xs) for n, xs in runs.items()}, "Mamba mixers"
-    )
+    figures.smoothing(path, {n: measures.smoothing_curves(xs) for n, xs in runs.items()}, label)
     return Outcome(
         measured=dict(
             relative_dirichlet_energy_kept=kept,
@@ -419,8 +470,8 @@ def oversmoothing_mixer(ctx: Context) -> Outcome:
                 )
                 for n, xs in runs.items()
             },
-            first_layer_a_min_max=[float(a_lo.min()), float(a_hi.max())],
             depth=depth,
+            **extra,
         ),
         expected=dict(relative_dirichlet_energy_kept="<= 0.9 in both stacks"),
         verdict=verdict(holds),

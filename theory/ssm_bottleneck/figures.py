@@ -104,15 +104,15 @@ def rate_vs_a_max(path, sweep, fit, conv_size):
     fig.savefig(path, dpi=100)
 
 
-def log_linear(path, fits):
-    """Mean log-influence against distance in the trained models, with their lines and R^2."""
+def log_linear(path, fits, title: str = "trained on MQAR"):
+    """Mean log-influence against distance in the models of `fits`, with their lines and R^2."""
     fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.subplots()
     for i, (name, f) in enumerate(fits.items()):
         r = f["distances"]
         ax.plot(r, f["profile"], ".", color=f"C{i}", label=f"{name} (R^2 = {f['r2']:.3f})")
         ax.plot(r, f["intercept"] + f["slope"] * r, "-", color=f"C{i}", lw=0.8)
-    ax.set(xlabel="distance t - s", ylabel="mean log ||dh_t / de_s||", title="trained on MQAR")
+    ax.set(xlabel="distance t - s", ylabel="mean log ||dh_t / de_s||", title=title)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=100)
 

@@ -33,6 +33,7 @@ from seqlab.analysis.influence import module_influence, token_influence
 from seqlab.analysis.transitions import transition_range
 from seqlab.dynamics.mamba_ode import step_size_map
 from seqlab.modules.block import Block
+from seqlab.modules.lm import LanguageModel
 from seqlab.modules.mamba import Mamba
 from seqlab.ops.selective_scan import selective_scan
 
@@ -377,6 +378,25 @@ def block_stack(block: Block, params: list[dict], x: jax.Array, *, residual: boo
     for p in params:
         xs.append(_block_layer(block, p, xs[-1], residual))
     return np.asarray(jnp.stack(xs), np.float64)
+
+
+def _streams(lm: LanguageModel, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    h = lm.embed(tokens[None])
+    bare, residual = [h], [h]
+    for block in lm.blocks:
+        bare.append(block.mixer(block.mixer_norm(bare[-1])))
+        residual.append(block(residual[-1]))
+    return jnp.concatenate(bare), jnp.concatenate(residual)
+
+
+def model_streams(lm: LanguageModel, params: dict, tokens: jax.Array) -> dict[str, np.ndarray]:
+    """`{"bare", "residual"}: [depth + 1, T, d_model]` (float64) for `tokens: [T]` through a
+    language model's blocks: the embeddings and the output of every layer, the model's blocks as
+    they are (`residual`) or their mixers alone, `x <- mixer(RMSNorm(x))` (`bare`)."""
+    bare, residual = jax.jit(lambda p, t: lm.apply({"params": p}, t, method=_streams))(
+        params, tokens
+    )
+    return {"bare": np.asarray(bare, np.float64), "residual": np.asarray(residual, np.float64)}
 
 
 def without_zero_channel(params: dict, model: Mamba) -> dict:
