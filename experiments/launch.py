@@ -7,14 +7,15 @@
 Validates the config (unknown model or task, non-positive sizes, a batch the devices do not divide)
 before anything compiles, exiting with "config error: ..." for what fails there; builds the model
 from the registry (`seqlab.train.models`), the data and the optimizer, and hands them to
-`seqlab.train.Trainer`, which places parameters, optimizer state and batches on a `(data, fsdp)`
-device mesh; runs jit-compiled train and eval steps; logs a progress line (step, loss, steps/s,
-tokens/s, ETA), `metrics.jsonl`, `config.json` and TensorBoard events in the workdir; saves orbax
-checkpoints every `checkpoint_every` steps and at the end. Launching again on the same workdir
-resumes from the latest checkpoint and logs the same losses as an uninterrupted run. SIGTERM saves a
-checkpoint and exits 0; a non-finite loss or gradient stops the run (exit 1) with the step named,
-leaving the checkpoints of the good steps untouched (the step's metrics are read back after every
-step, one host sync per step, so the bad step is named exactly). `--distributed` calls
+`seqlab.train.Trainer`, which places parameters, optimizer state and batches on a
+`(data, fsdp, seq)` device mesh (`--config.mesh.seq=N` splits the time axis of every sequence over N
+devices: sequence parallelism); runs jit-compiled train and eval steps; logs a progress line (step,
+loss, steps/s, tokens/s, ETA), `metrics.jsonl`, `config.json` and TensorBoard events in the workdir;
+saves orbax checkpoints every `checkpoint_every` steps and at the end. Launching again on the same
+workdir resumes from the latest checkpoint and logs the same losses as an uninterrupted run. SIGTERM
+saves a checkpoint and exits 0; a non-finite loss or gradient stops the run (exit 1) with the step
+named, leaving the checkpoints of the good steps untouched (the step's metrics are read back after
+every step, one host sync per step, so the bad step is named exactly). `--distributed` calls
 `jax.distributed.initialize()` first (several hosts). Errors raised during training are not config
 errors: they propagate with their own traceback.
 
@@ -46,6 +47,7 @@ from seqlab.ops.checks import check_positive_int
 from seqlab.train import Trainer, aot, build_model, make_datasets, make_optimizer, make_schedule
 from seqlab.train import mesh as mesh_lib
 from seqlab.train.data import Dataset, vocab_size
+from seqlab.train.step import check_sequence_parallel
 
 _POSITIVE = (
     "total_steps",
@@ -101,12 +103,12 @@ def build(config, devices=None, *, data: bool = True) -> Build:
     """The mesh over `devices` (default all), model, optimizer and (with `data`) datasets of
     `config`. Raises `ValueError` naming the key for anything invalid; compiles nothing."""
     validate(config)
-    mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
-    n = mesh_lib.num_devices(mesh)
+    mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.seq, devices=devices)
+    n = mesh_lib.batch_devices(mesh)
     if config.batch_size % n:
         raise ValueError(
             f"config.batch_size = {config.batch_size} must be divisible by the {n} devices "
-            f"of the mesh (data={mesh.shape['data']}, fsdp={mesh.shape['fsdp']})"
+            f"that split it (mesh {_mesh_text(mesh)})"
         )
     datasets = None
     if data:
@@ -117,7 +119,13 @@ def build(config, devices=None, *, data: bool = True) -> Build:
     else:
         vocab = vocab_size(config.data)
     model = build_model(config.model, vocab)
+    check_sequence_parallel(model, mesh, config.data.seq_len)
     return Build(mesh, model, make_optimizer(config.optimizer, config.total_steps), datasets)
+
+
+def _mesh_text(mesh: Mesh) -> str:
+    """`data=D fsdp=F seq=S`."""
+    return " ".join(f"{axis}={size}" for axis, size in mesh.shape.items())
 
 
 def make_trainer(config, built: Build) -> Trainer:
@@ -176,7 +184,7 @@ def compile_built(
     header = (
         f"compile only: {mesh_lib.num_devices(mesh)} x {device.device_kind}"
         f"{' (' + label + ')' if label else ''}, HBM {aot.size(hbm) if hbm else 'unknown'} each;"
-        f" mesh data={mesh.shape['data']} fsdp={mesh.shape['fsdp']}; batch"
+        f" mesh {_mesh_text(mesh)}; batch"
         f" {config.batch_size} x {config.data.seq_len} tokens; per device:"
     )
     logging.info("\n%s", aot.format_report(compiled, header))

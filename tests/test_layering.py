@@ -1,8 +1,8 @@
 """The import direction of DESIGN.md section 1, enforced on the source text.
 
 `experiments -> train -> modules -> ops -> kernels`; dynamics/sketching/analysis may import ops and
-modules; interop may import modules and ops, never train; nothing in seqlab imports theory,
-experiments, benchmarks or notebooks.
+modules; interop and serving may import modules and ops, never train; nothing in seqlab imports
+theory, experiments, benchmarks or notebooks.
 """
 
 import ast
@@ -23,6 +23,7 @@ ALLOWED = {
     "analysis": {"ops", "modules", "kernels"},
     "train": {"modules", "ops", "kernels"},
     "interop": {"modules", "ops", "kernels"},
+    "serving": {"modules", "ops", "kernels"},
 }
 
 

@@ -3,8 +3,10 @@ the `runlocal` variant every config offers, and the parser of config args.
 
 Run-level keys: `seed`, `total_steps`, `batch_size` (global, over all devices),
 `checkpoint_every`, `keep_checkpoints`, `log_every`, `eval_every`, `eval_batches`, and `mesh.data`
-(-1: every device left), `mesh.fsdp`. Blocks: `model` (see `seqlab.train.models`), `optimizer`
-(`seqlab.train.optim.optimizer_config`), `data` (see `seqlab.train.data`).
+(-1: every device left), `mesh.fsdp`, `mesh.seq` (1: no sequence parallelism; N: the time axis
+split over N devices, `data.seq_len` a multiple of N). Blocks: `model` (see
+`seqlab.train.models`), `optimizer` (`seqlab.train.optim.optimizer_config`), `data` (see
+`seqlab.train.data`).
 """
 
 import ml_collections
@@ -56,7 +58,7 @@ def base_config(**run) -> ml_collections.ConfigDict:
     if unknown:
         raise ValueError(f"base_config: unknown run-level keys {unknown}")
     config.update(run)
-    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, seq=1))
     config.optimizer = optimizer_config()
     return config
 

@@ -18,7 +18,6 @@ from seqlab.modules.lm import (
     PRESETS,
     LanguageModel,
     count_params,
-    greedy_decode,
     preset,
 )
 from seqlab.modules.mamba import Mamba
@@ -52,6 +51,5 @@ __all__ = [
     "TiedEmbedding",
     "count_params",
     "evaluate_at",
-    "greedy_decode",
     "preset",
 ]

@@ -10,9 +10,10 @@ from seqlab.modules.norm import RMSNorm
 class Block(nn.Module):
     """`x = x + mixer(RMSNorm(x))`, then `x = x + mlp(RMSNorm(x))` when there is an MLP.
 
-    `x: [B, T, D]`. The mixer implements `__call__(x [B, T, D])`, `init_cache(batch_size, max_len)`
-    and `step(x_t [B, D], cache) -> (y_t, cache)` (Mamba, Mamba2, GatedDeltaNet, Attention); the MLP
-    acts on the last axis, so it applies per token during decoding too.
+    `x: [B, T, D]`. The mixer implements `__call__(x [B, T, D])`, `init_cache(batch_size, max_len)`,
+    `step(x_t [B, D], cache) -> (y_t, cache)`, `extend`, `verify` and `accept` (the contract of
+    `seqlab.modules.mixer`); the MLP acts on the last axis, so it applies per token during decoding
+    too.
 
     Attributes:
       mixer: the sequence mixer.
@@ -46,6 +47,22 @@ class Block(nn.Module):
         """One decoding step: `x_t: [B, D] -> (y_t: [B, D], new cache)`, as `__call__` per token."""
         y_t, cache = self.mixer.step(self.mixer_norm(x_t), cache)
         return self._mlp_residual(x_t + y_t), cache
+
+    def extend(self, x: jax.Array, cache, lengths=None) -> tuple[jax.Array, object]:
+        """`x: [B, T, D]` continuing from `cache`, row `b`'s first `lengths[b]` tokens real:
+        `(y: [B, T, D], cache after the real tokens)` (the mixer's `extend`)."""
+        y, cache = self.mixer.extend(self.mixer_norm(x), cache, lengths)
+        return self._mlp_residual(x + y), cache
+
+    def verify(self, x: jax.Array, cache) -> tuple[jax.Array, object]:
+        """`n` (draft) tokens `x: [B, n, D]` from `cache`: `(y: [B, n, D], trail)`, `y` equal to
+        `step` token by token; `trail` as the mixer's `verify`."""
+        y, trail = self.mixer.verify(self.mixer_norm(x), cache)
+        return self._mlp_residual(x + y), trail
+
+    def accept(self, trail, m: jax.Array):
+        """The cache after each row's first `m[b]` tokens of the `verify` that made `trail`."""
+        return self.mixer.accept(trail, m)
 
 
 def MambaBlock(d_model: int, *, norm_eps: float = 1e-6, **mamba_kwargs) -> Block:

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from seqlab.modules import initializers
-from seqlab.modules.mixer import Mixer
+from seqlab.modules.mixer import Mixer, extend_qkv, pad_identity, sequence_op
 from seqlab.modules.norm import RMSNorm
 from seqlab.ops.checks import check_positive_int
 from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
@@ -59,6 +59,9 @@ class GatedDeltaNet(Mixer):
       chunk_size: chunk length of the chunked implementation.
       dtype: compute dtype; states and gates accumulate in `promote_types(dtype, float32)`.
       param_dtype: parameter dtype.
+      seq_axis: the mesh axis the time axis is split over when the module runs inside
+        `shard_map` (sequence parallelism); None: the whole sequence is local. Decoding ignores
+        it.
     """
 
     d_model: int
@@ -72,6 +75,7 @@ class GatedDeltaNet(Mixer):
     chunk_size: int = 64
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    seq_axis: str | None = None
 
     @property
     def v_heads(self) -> int:
@@ -124,12 +128,14 @@ class GatedDeltaNet(Mixer):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x: [B, T, d_model]` -> `[B, T, d_model]` in `dtype`."""
-        o, _ = self._op(**self.op_inputs(x), chunk_size=self.chunk_size, impl=self.impl)
+        chunks = dict(chunk_size=self.chunk_size, impl=self.impl)
+        o, _ = self._op(**self.op_inputs(x), **chunks, seq_axis=self.seq_axis)
         return self._output(o, x)
 
-    def _op(self, **kwargs):
-        """The recurrence over a sequence: `gated_delta_rule`."""
-        return gated_delta_rule(**kwargs)
+    def _op(self, seq_axis=None, **kwargs):
+        """The recurrence over a sequence: `gated_delta_rule` (split over `seq_axis`: see
+        `sequence_op`)."""
+        return sequence_op(gated_delta_rule, seq_axis)(**kwargs)
 
     def _op_step(self, *args):
         """One token of the recurrence: `gated_delta_rule_step`."""
@@ -144,7 +150,7 @@ class GatedDeltaNet(Mixer):
         self.check_sequence(x)
 
         def conv(proj, weight):
-            return jax.nn.silu(causal_conv1d(proj(x), weight))
+            return jax.nn.silu(sequence_op(causal_conv1d, self.seq_axis)(proj(x), weight))
 
         q, k, v = self._heads(
             conv(self.q_proj, self.q_conv),
@@ -178,6 +184,27 @@ class GatedDeltaNet(Mixer):
         o, state = self._op_step(q, k, v, g, beta, cache["state"])
         new_cache = {"q_conv": q_conv, "k_conv": k_conv, "v_conv": v_conv, "state": state}
         return self._output(o, x_t), new_cache
+
+    def extend(self, x: jax.Array, cache: dict, lengths=None) -> tuple[jax.Array, dict]:
+        """`x: [B, T, d_model]` continuing from `cache`, row `b`'s first `lengths[b]` tokens real:
+        `(y: [B, T, d_model], cache after the real tokens)` (see `seqlab.modules.mixer`). Pads
+        are identity tokens of the op: `g = 0`, `beta = 0`."""
+        lengths, real = self.check_extend(x, lengths)
+        q, k, v, convs = extend_qkv(self, x, cache, lengths)
+        q, k, v = self._heads(q, k, v)
+        g, beta = (pad_identity(a, real) for a in self._gates(x))
+        o, state = self._op(
+            q=q,
+            k=k,
+            v=v,
+            g=g,
+            beta=beta,
+            initial_state=cache["state"],
+            output_final_state=True,
+            chunk_size=self.chunk_size,
+            impl=self.impl,
+        )
+        return self._output(o, x), {**convs, "state": state.astype(cache["state"].dtype)}
 
     def _heads(self, q: jax.Array, k: jax.Array, v: jax.Array):
         """Split heads: `q, k: [..., H K] -> [..., H, K]` (unit norm), `v -> [..., HV, V]`."""

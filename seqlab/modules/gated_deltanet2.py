@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from seqlab.modules import initializers
-from seqlab.modules.mixer import Mixer
+from seqlab.modules.mixer import Mixer, extend_qkv, pad_identity, sequence_op
 from seqlab.modules.norm import RMSNorm
 from seqlab.ops.checks import check_positive_int
 from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
@@ -70,6 +70,9 @@ class GatedDeltaNet2(Mixer):
       chunk_size: chunk length of the chunked implementation.
       dtype: compute dtype; states and gates accumulate in `promote_types(dtype, float32)`.
       param_dtype: parameter dtype.
+      seq_axis: the mesh axis the time axis is split over when the module runs inside
+        `shard_map` (sequence parallelism); None: the whole sequence is local. Decoding ignores
+        it.
     """
 
     d_model: int
@@ -83,6 +86,7 @@ class GatedDeltaNet2(Mixer):
     chunk_size: int = 64
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    seq_axis: str | None = None
 
     @property
     def head_v_dim(self) -> int:
@@ -120,7 +124,8 @@ class GatedDeltaNet2(Mixer):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x: [B, T, d_model]` -> `[B, T, d_model]` in `dtype`."""
-        o, _ = gdn2(**self.op_inputs(x), chunk_size=self.chunk_size, impl=self.impl)
+        op = sequence_op(gdn2, self.seq_axis)
+        o, _ = op(**self.op_inputs(x), chunk_size=self.chunk_size, impl=self.impl)
         return self._output(o, x)
 
     def op_inputs(self, x: jax.Array) -> dict:
@@ -133,7 +138,7 @@ class GatedDeltaNet2(Mixer):
         self.check_sequence(x)
 
         def conv(proj, weight):
-            return jax.nn.silu(causal_conv1d(proj(x), weight))
+            return jax.nn.silu(sequence_op(causal_conv1d, self.seq_axis)(proj(x), weight))
 
         q, k, v = self._heads(
             conv(self.q_proj, self.q_conv),
@@ -167,6 +172,28 @@ class GatedDeltaNet2(Mixer):
         o, state = gdn2_step(q, k, v, g, b, w, cache["state"])
         new_cache = {"q_conv": q_conv, "k_conv": k_conv, "v_conv": v_conv, "state": state}
         return self._output(o, x_t), new_cache
+
+    def extend(self, x: jax.Array, cache: dict, lengths=None) -> tuple[jax.Array, dict]:
+        """`x: [B, T, d_model]` continuing from `cache`, row `b`'s first `lengths[b]` tokens real:
+        `(y: [B, T, d_model], cache after the real tokens)` (see `seqlab.modules.mixer`). Pads
+        are identity tokens of the op: `g = 0`, `b = 0`, `w = 0`."""
+        lengths, real = self.check_extend(x, lengths)
+        q, k, v, convs = extend_qkv(self, x, cache, lengths)
+        q, k, v = self._heads(q, k, v)
+        g, b, w = (pad_identity(a, real) for a in self._gates(x))
+        o, state = gdn2(
+            q,
+            k,
+            v,
+            g,
+            b,
+            w,
+            initial_state=cache["state"],
+            output_final_state=True,
+            chunk_size=self.chunk_size,
+            impl=self.impl,
+        )
+        return self._output(o, x), {**convs, "state": state.astype(cache["state"].dtype)}
 
     def _heads(self, q: jax.Array, k: jax.Array, v: jax.Array):
         """Split heads: `q, k: [..., H K] -> [..., H, K]` (unit norm), `v -> [..., H, V]`."""

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from seqlab.modules import initializers
-from seqlab.modules.mixer import Mixer
+from seqlab.modules.mixer import Mixer, extend_qkv, pad_identity, sequence_op
 from seqlab.modules.norm import RMSNorm
 from seqlab.ops.checks import check_positive_int
 from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
@@ -73,6 +73,9 @@ class GatedDeltaProduct(Mixer):
       chunk_size: chunk length of the chunked implementation.
       dtype: compute dtype; states and gates accumulate in `promote_types(dtype, float32)`.
       param_dtype: parameter dtype.
+      seq_axis: the mesh axis the time axis is split over when the module runs inside
+        `shard_map` (sequence parallelism); None: the whole sequence is local. Decoding ignores
+        it.
     """
 
     d_model: int
@@ -90,6 +93,7 @@ class GatedDeltaProduct(Mixer):
     chunk_size: int = 64
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    seq_axis: str | None = None
 
     @property
     def v_heads(self) -> int:
@@ -140,7 +144,8 @@ class GatedDeltaProduct(Mixer):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x: [B, T, d_model]` -> `[B, T, d_model]` in `dtype`."""
-        o, _ = gated_delta_product(**self.op_inputs(x), chunk_size=self.chunk_size, impl=self.impl)
+        op = sequence_op(gated_delta_product, self.seq_axis)
+        o, _ = op(**self.op_inputs(x), chunk_size=self.chunk_size, impl=self.impl)
         return self._output(o, x)
 
     def op_inputs(self, x: jax.Array) -> dict:
@@ -155,7 +160,7 @@ class GatedDeltaProduct(Mixer):
         batch, length, _ = x.shape
 
         def conv(proj, weight):
-            return jax.nn.silu(causal_conv1d(proj(x), weight))
+            return jax.nn.silu(sequence_op(causal_conv1d, self.seq_axis)(proj(x), weight))
 
         q, k, v = self._heads(
             conv(self.q_proj, self.q_conv),
@@ -198,6 +203,30 @@ class GatedDeltaProduct(Mixer):
         o, state = gated_delta_product_step(q, k, v, g, beta, cache["state"])
         new_cache = {"q_conv": q_conv, "k_conv": k_conv, "v_conv": v_conv, "state": state}
         return self._output(o, x_t), new_cache
+
+    def extend(self, x: jax.Array, cache: dict, lengths=None) -> tuple[jax.Array, dict]:
+        """`x: [B, T, d_model]` continuing from `cache`, row `b`'s first `lengths[b]` tokens real:
+        `(y: [B, T, d_model], cache after the real tokens)` (see `seqlab.modules.mixer`). Pads
+        are identity tokens of the op: `g = 0` and `beta = 0` for all `n` writes."""
+        lengths, real = self.check_extend(x, lengths)
+        batch, length, _ = x.shape
+        q, k, v, convs = extend_qkv(self, x, cache, lengths)
+        q, k, v = self._heads(q, k, v)
+        g, beta = (pad_identity(a, real) for a in self._gates(x))
+        n = self.num_householder
+        o, state = gated_delta_product(
+            q,
+            k.reshape(batch, length * n, *k.shape[-2:]),
+            v.reshape(batch, length * n, *v.shape[-2:]),
+            g,
+            beta.reshape(batch, length * n, self.v_heads),
+            num_householder=n,
+            initial_state=cache["state"],
+            output_final_state=True,
+            chunk_size=self.chunk_size,
+            impl=self.impl,
+        )
+        return self._output(o, x), {**convs, "state": state.astype(cache["state"].dtype)}
 
     def _heads(self, q: jax.Array, k: jax.Array, v: jax.Array):
         """Split heads: `q: [..., H K] -> [..., H, K]`, `k: [..., n H K] -> [..., n, H, K]` (unit

@@ -36,6 +36,7 @@ import jax
 
 from seqlab.modules import initializers
 from seqlab.modules.gated_deltanet import GatedDeltaNet
+from seqlab.modules.mixer import sequence_op
 from seqlab.modules.norm import RMSNorm
 from seqlab.ops.kda import kda, kda_gate, kda_step
 
@@ -98,9 +99,9 @@ class KimiDeltaAttention(GatedDeltaNet):
         self.dt_bias = self.param("dt_bias", dt_init, (hv, k_dim), pd)
         self.o_norm = RMSNorm(eps=self.norm_eps, param_dtype=pd)
 
-    def _op(self, **kwargs):
-        """The recurrence over a sequence: `kda`."""
-        return kda(**kwargs)
+    def _op(self, seq_axis=None, **kwargs):
+        """The recurrence over a sequence: `kda` (split over `seq_axis`: see `sequence_op`)."""
+        return sequence_op(kda, seq_axis)(**kwargs)
 
     def _op_step(self, *args):
         """One token of the recurrence: `kda_step`."""

@@ -22,7 +22,6 @@ block norm and the final norm zero-centred (scale `1 + weight`, Qwen3-Next).
 allocation).
 """
 
-import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -41,6 +40,7 @@ from seqlab.modules.gated_deltaproduct import GatedDeltaProduct
 from seqlab.modules.kda import KimiDeltaAttention
 from seqlab.modules.mamba import Mamba
 from seqlab.modules.mamba2 import Mamba2
+from seqlab.modules.mixer import check_lengths
 from seqlab.modules.mlp import SwiGLU
 from seqlab.modules.moe import MoE
 from seqlab.ops.checks import check_positive_int, check_shape
@@ -64,7 +64,9 @@ class LanguageModel(nn.Module):
     `__call__(tokens: [B, T] int) -> logits [B, T, vocab_size]`, the same as
     `logits_from_embeddings(embed(tokens))`; `init_cache(batch_size, max_len)` -> a tuple of
     per-block caches; `step(tokens_t: [B] int, cache) -> (logits_t [B, vocab_size],
-    cache)`, equal to `__call__` token by token.
+    cache)`, equal to `__call__` token by token; `extend(tokens: [B, T], cache, lengths=None)`
+    (prefill with per-row lengths), `verify(tokens: [B, n], cache) -> (logits, trail)` and
+    `accept(trail, m: [B]) -> cache` (speculative decoding), as in `seqlab.modules.mixer`.
 
     Attributes:
       vocab_size: number of tokens.
@@ -83,6 +85,10 @@ class LanguageModel(nn.Module):
       zero_centered_norm: zero-centred block and final norms (scale `1 + weight`).
       tie_embeddings: the readout reuses the embedding; False gives it weights of its own.
       dtype: compute dtype of every layer; param_dtype: parameter dtype.
+      seq_axis: the mesh axis the time axis is split over when the module runs inside
+        `shard_map` (sequence parallelism), passed to every mixer; None: the whole sequence is
+        local. `__call__` then maps the local piece of `tokens` to its logits; decoding ignores
+        it.
     """
 
     vocab_size: int
@@ -103,6 +109,7 @@ class LanguageModel(nn.Module):
     tie_embeddings: bool = True
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    seq_axis: str | None = None
 
     def __post_init__(self):
         # Keyword blocks frozen (dicts to FrozenDict, lists to tuples, as from JSON configs) so
@@ -143,7 +150,12 @@ class LanguageModel(nn.Module):
 
     def make_mixer(self, kind: str) -> nn.Module:
         """The unbound mixer of a pattern character (its `Block` adopts it)."""
-        common = dict(d_model=self.d_model, dtype=self.dtype, param_dtype=self.param_dtype)
+        common = dict(
+            d_model=self.d_model,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            seq_axis=self.seq_axis,
+        )
         if kind == "m":
             return Mamba(**self.mamba, **common, parent=None)
         if kind == "2":
@@ -213,14 +225,52 @@ class LanguageModel(nn.Module):
     def step(self, tokens_t: jax.Array, cache: tuple) -> tuple[jax.Array, tuple]:
         """One decoding step: `tokens_t: [B]` int -> (logits `[B, vocab_size]`, new cache)."""
         _check_tokens("tokens_t", tokens_t, (None,), "[B]")
-        if len(cache) != len(self.blocks):
-            raise ValueError(f"cache must hold {len(self.blocks)} block caches, got {len(cache)}")
+        self._check_cache("cache", cache)
         h = self.embed(tokens_t)
         new_cache = []
         for block, block_cache in zip(self.blocks, cache, strict=True):
             h, block_cache = block.step(h, block_cache)
             new_cache.append(block_cache)
         return self.embedding.readout(h), tuple(new_cache)
+
+    def extend(self, tokens: jax.Array, cache: tuple, lengths=None) -> tuple[jax.Array, tuple]:
+        """Prefill (or continue) from `cache` through every block's sequence path: `tokens: [B, T]`
+        int, row `b`'s first `lengths[b]` real (`lengths: [B]` int, None: all `T`; right
+        padding) -> (logits `[B, T, vocab_size]`, the cache after each row's real tokens).
+        Logits at pad positions are unspecified; `lengths[b] = 0` leaves row `b`'s cache as it
+        was. Equal to `step` token by token at the real positions."""
+        _check_tokens("tokens", tokens, (None, None), "[B, T]")
+        lengths = check_lengths("lengths", lengths, *tokens.shape)
+        self._check_cache("cache", cache)
+        h = self.embed(tokens)
+        new_cache = []
+        for block, block_cache in zip(self.blocks, cache, strict=True):
+            h, block_cache = block.extend(h, block_cache, lengths)
+            new_cache.append(block_cache)
+        return self.embedding.readout(h), tuple(new_cache)
+
+    def verify(self, tokens: jax.Array, cache: tuple) -> tuple[jax.Array, tuple]:
+        """Speculative decoding's check of `n` draft tokens `tokens: [B, n]` int from `cache`:
+        (logits `[B, n, vocab_size]`, equal to `step` token by token, and the trail, one per
+        block, from which `accept` rebuilds the cache after any prefix)."""
+        _check_tokens("tokens", tokens, (None, None), "[B, n]")
+        self._check_cache("cache", cache)
+        h = self.embed(tokens)
+        trail = []
+        for block, block_cache in zip(self.blocks, cache, strict=True):
+            h, block_trail = block.verify(h, block_cache)
+            trail.append(block_trail)
+        return self.embedding.readout(h), tuple(trail)
+
+    def accept(self, trail: tuple, m: jax.Array) -> tuple:
+        """The cache after each row's first `m[b]` tokens (`m: [B]` int in `[0, n]`) of the
+        `verify` that made `trail`, bit for bit the cache of stepping them."""
+        self._check_cache("trail", trail)
+        return tuple(block.accept(t, m) for block, t in zip(self.blocks, trail, strict=True))
+
+    def _check_cache(self, name: str, cache: tuple) -> None:
+        if len(cache) != len(self.blocks):
+            raise ValueError(f"{name} must hold {len(self.blocks)} block caches, got {len(cache)}")
 
 
 _BLOCKS = ("mamba", "mamba2", "gdn", "kda", "gdn2", "gdp", "attention", "moe")
@@ -239,41 +289,6 @@ def _check_tokens(name: str, tokens, expected: tuple, layout: str) -> None:
     if not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
         raise ValueError(f"{name} must be an integer array, got dtype {jnp.result_type(tokens)}")
     check_shape(name, tokens, expected, layout)
-
-
-def greedy_decode(model: LanguageModel, params, prompt: jax.Array, num_tokens: int) -> jax.Array:
-    """Greedy continuation of `prompt: [B, P]` int (P >= 1) by `num_tokens` tokens: `[B,
-    num_tokens]` int32. The prompt is fed through `step` token by token (the same function as
-    `__call__`), then each new token is the argmax of the last logits (ties to the lowest id, as
-    `torch.argmax`). `params`: the model's parameters (the `"params"` entry). Compiled once per
-    model, prompt shape and `num_tokens`."""
-    _check_tokens("prompt", prompt, (None, None), "[B, P]")
-    check_positive_int("num_tokens", num_tokens)
-    if prompt.shape[1] < 1:
-        raise ValueError(f"prompt must hold at least one token, got shape {prompt.shape}")
-    return _greedy(model, params, prompt, num_tokens)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _greedy(model: LanguageModel, params, prompt: jax.Array, num_tokens: int) -> jax.Array:
-    variables = {"params": params}
-    batch, length = prompt.shape
-
-    def step(cache, tokens_t):
-        logits, cache = model.apply(variables, tokens_t, cache, method="step")
-        return cache, logits
-
-    cache = model.apply(variables, batch, length + num_tokens, method="init_cache")
-    cache, logits = jax.lax.scan(step, cache, prompt.T)
-    first = jnp.argmax(logits[-1], axis=-1).astype(jnp.int32)
-
-    def generate(carry, _):
-        token, cache = carry
-        cache, logits = step(cache, token)
-        return (jnp.argmax(logits, axis=-1).astype(jnp.int32), cache), token
-
-    _, tokens = jax.lax.scan(generate, (first, cache), None, length=num_tokens)
-    return tokens.T
 
 
 def param_shapes(model: LanguageModel) -> dict:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from seqlab.modules import initializers
 from seqlab.modules import mamba_variants as variants
-from seqlab.modules.mixer import Mixer, check_dt_init
+from seqlab.modules.mixer import Mixer, check_dt_init, extend_conv, pad_identity, sequence_op
 from seqlab.ops.checks import check_choice, check_floating, check_positive_int, check_shape
 from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
 from seqlab.ops.selective_scan import selective_scan
@@ -77,6 +77,9 @@ class Mamba(Mixer):
         flow through the soft matrix.
       impl: passed to `selective_scan` (None, "sequential", "parallel").
       dtype: compute dtype; param_dtype: parameter dtype.
+      seq_axis: the mesh axis the time axis is split over when the module runs inside
+        `shard_map` (sequence parallelism); None: the whole sequence is local. Decoding ignores
+        it; `reorder` needs the whole sequence.
 
     Unlike the authors' code (Fsoft-AIC/Mamba-token-dynamic, MambaVision), reordering is a
     per-layer option (theirs reorders only the first block of a stage), the gate `z` is permuted
@@ -102,6 +105,7 @@ class Mamba(Mixer):
     impl: str | None = None
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    seq_axis: str | None = None
 
     @property
     def d_inner(self) -> int:
@@ -133,6 +137,8 @@ class Mamba(Mixer):
         check_choice("sign_constraint", self.sign_constraint, variants.SIGN_CONSTRAINTS)
         if not self.reorder_tau > 0:
             raise ValueError(f"reorder_tau must be > 0, got {self.reorder_tau}")
+        if self.reorder and self.seq_axis is not None:
+            raise ValueError("reorder sorts the whole sequence: it needs seq_axis=None")
         if self.sign_constraint == "mixed" and self.n_total < 2:
             raise ValueError("sign_constraint='mixed' needs at least 2 state channels in all")
 
@@ -229,7 +235,8 @@ class Mamba(Mixer):
         """`x: [B, T, d_model] -> (u, z)`: post-conv tokens and gate, `[B, T, d_inner]`."""
         self.check_sequence(x)
         x_inner, z = self._in_proj(x)
-        return jax.nn.silu(causal_conv1d(x_inner, *self._conv_params())), z
+        conv = sequence_op(causal_conv1d, self.seq_axis)
+        return jax.nn.silu(conv(x_inner, *self._conv_params())), z
 
     def s6_inputs(self, u: jax.Array) -> dict:
         """`selective_scan` keyword arguments of the bare S6 map on post-conv tokens
@@ -275,7 +282,7 @@ class Mamba(Mixer):
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x: [B, T, d_model] -> [B, T, d_model]` in the compute dtype."""
         inputs, perm = self._inputs_and_order(x)
-        y = selective_scan(**inputs, impl=self.impl)
+        y = sequence_op(selective_scan, self.seq_axis)(**inputs, impl=self.impl)
         if perm is not None:
             y = variants.restore_order(perm, y)
         return self.out_proj(y)
@@ -302,6 +309,23 @@ class Mamba(Mixer):
             **inputs, initial_state=cache["state"], return_final_state=True, impl=self.impl
         )
         return self.out_proj(y[:, 0]), {"conv": conv_state, "state": state}
+
+    def extend(self, x: jax.Array, cache: dict, lengths=None) -> tuple[jax.Array, dict]:
+        """`x: [B, T, d_model]` continuing from `cache`, row `b`'s first `lengths[b]` tokens real:
+        `(y: [B, T, d_model], cache after the real tokens)` (see `seqlab.modules.mixer`). Pads
+        are identity tokens of the scan: a step `dt = 0` (`h = exp(0 A) h + 0 B u`)."""
+        self._check_decodable()
+        lengths, real = self.check_extend(x, lengths)
+        x_inner, z = self._in_proj(x)
+        conv_out, conv = extend_conv(x_inner, cache["conv"], *self._conv_params(), lengths)
+        inputs = self._scan_inputs(jax.nn.silu(conv_out), z)
+        # dt = softplus(delta + b_dt) as the scan computes it, then 0 at the pads.
+        dt = jax.nn.softplus(inputs["delta"].astype(self.acc_dtype) + inputs.pop("delta_bias"))
+        inputs.update(delta=pad_identity(dt, real), delta_softplus=False)
+        y, state = selective_scan(
+            **inputs, initial_state=cache["state"], return_final_state=True, impl=self.impl
+        )
+        return self.out_proj(y), {"conv": conv, "state": state.astype(cache["state"].dtype)}
 
     def _check_decodable(self) -> None:
         if self.reorder:

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from seqlab.modules import initializers
-from seqlab.modules.mixer import Mixer, check_dt_init
+from seqlab.modules.mixer import Mixer, check_dt_init, extend_conv, pad_identity, sequence_op
 from seqlab.ops.checks import check_positive_int
 from seqlab.ops.conv import causal_conv1d, causal_conv1d_step
 from seqlab.ops.norm import gated_rms_norm, rms_norm
@@ -63,6 +63,9 @@ class Mamba2(Mixer):
         over all `d_inner` channels (transformers' `Mamba2Mixer`). Equal when `G = 1`.
       dtype: compute dtype; states and gates accumulate in `promote_types(dtype, float32)`.
       param_dtype: parameter dtype.
+      seq_axis: the mesh axis the time axis is split over when the module runs inside
+        `shard_map` (sequence parallelism); None: the whole sequence is local. Decoding ignores
+        it.
     """
 
     d_model: int
@@ -82,6 +85,7 @@ class Mamba2(Mixer):
     norm_per_group: bool = True
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    seq_axis: str | None = None
 
     @property
     def d_inner(self) -> int:
@@ -136,7 +140,7 @@ class Mamba2(Mixer):
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x: [B, T, d_model]` -> `[B, T, d_model]` in `dtype`."""
         inputs, x_heads, z = self._features(x)
-        o, _ = ssd(**inputs, chunk_size=self.chunk_size, impl=self.impl)
+        o, _ = sequence_op(ssd, self.seq_axis)(**inputs, chunk_size=self.chunk_size, impl=self.impl)
         return self._output(o, x_heads, z)
 
     def op_inputs(self, x: jax.Array) -> dict:
@@ -149,7 +153,8 @@ class Mamba2(Mixer):
         """`(ssd operands, x: [B, T, H, P], z: [B, T, d_inner])` of `x: [B, T, d_model]`."""
         self.check_sequence(x)
         z, xbc, dt = self._split(self.in_proj(x))
-        xbc = jax.nn.silu(causal_conv1d(xbc, self.conv_weight, self.conv_bias))
+        conv = sequence_op(causal_conv1d, self.seq_axis)
+        xbc = jax.nn.silu(conv(xbc, self.conv_weight, self.conv_bias))
         x_heads, q, k, v, g = self._ssm_inputs(xbc, dt)
         return dict(q=q, k=k, v=v, g=g), x_heads, z
 
@@ -170,6 +175,27 @@ class Mamba2(Mixer):
         x_heads, q, k, v, g = self._ssm_inputs(jax.nn.silu(xbc), dt)
         o, state = ssd_step(q, k, v, g, cache["state"])
         return self._output(o, x_heads, z), {"conv": conv, "state": state}
+
+    def extend(self, x: jax.Array, cache: dict, lengths=None) -> tuple[jax.Array, dict]:
+        """`x: [B, T, d_model]` continuing from `cache`, row `b`'s first `lengths[b]` tokens real:
+        `(y: [B, T, d_model], cache after the real tokens)` (see `seqlab.modules.mixer`). Pads
+        are identity tokens of the op: a step `dt = 0`, so `g = dt A = 0` and `v = dt x = 0`."""
+        lengths, real = self.check_extend(x, lengths)
+        z, xbc, dt = self._split(self.in_proj(x))
+        xbc, conv = extend_conv(xbc, cache["conv"], self.conv_weight, self.conv_bias, lengths)
+        x_heads, q, k, v, g = self._ssm_inputs(jax.nn.silu(xbc), dt)
+        o, state = ssd(
+            q=q,
+            k=k,
+            v=pad_identity(v, real),
+            g=pad_identity(g, real),
+            initial_state=cache["state"],
+            output_final_state=True,
+            chunk_size=self.chunk_size,
+            impl=self.impl,
+        )
+        new_cache = {"conv": conv, "state": state.astype(cache["state"].dtype)}
+        return self._output(o, x_heads, z), new_cache
 
     def _split(self, zxbcdt: jax.Array):
         """`[..., 2 d_inner + 2 G N + H]` -> `z: [..., d_inner]`, `xBC: [..., conv_dim]`,

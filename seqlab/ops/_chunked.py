@@ -11,6 +11,11 @@ token-by-token scan of the references and of the decoding steps, and the pieces 
 form (padding, masked chunk-local decays, the state-passing scan over chunks and the output
 assembly). An op supplies its token step `(S_{t-1}, x_t) -> (S_t, o_t)` and its chunked form.
 
+Prefix-cache states (`state_every=N`): the states after tokens `N, 2N, ..., (T // N) N`,
+`[B, T // N, HV, K, V]`. The reference keeps every N-th state of a scan over blocks of N tokens
+(`scan_blocks`); the chunked form picks them from the chunk-boundary states of its state pass
+(`every_state`), so N must be a multiple of the chunk size (`resolve_with_states`).
+
 Shapes: `q, k: [B, T, H, K]`, `v: [B, T, HV, V]`, `g: [B, T, HV]`, chunked tensors
 `[B, N, C, ...]` with `N = ceil(T / C)` chunks of `C` tokens.
 """
@@ -108,6 +113,34 @@ def validate_step(q_t, k_t, v_t, g_t, state, *, beta_t=None, channel_gates=False
     return b, h, dk, hv, dv
 
 
+def resolve_with_states(impl, state_every, chunk_size: int, *, steps_per_token: int = 1) -> str:
+    """Check `state_every` (N) and resolve `impl` for a call that returns the states every N
+    tokens: `"recurrent"`, or `"chunked"` (also for `impl=None`).
+
+    `"chunked"` reads the states off its chunk boundaries, so `N * steps_per_token` (the steps of
+    N tokens; `steps_per_token` > 1 for Gated DeltaProduct's expanded sequence) must be a multiple
+    of `chunk_size`. Raises `ValueError` naming `state_every` for a bad N, and
+    `NotImplementedError` for the Pallas names (no kernel returns intermediate states).
+    """
+    check_positive_int("state_every", state_every)
+    check_choice("impl", impl, IMPLS)
+    if impl in PALLAS_IMPLS:
+        raise NotImplementedError(
+            f"impl={impl!r} with state_every: the Pallas kernels return only the final state, not"
+            " the states every N tokens; use impl='chunked' or 'recurrent' (or impl=None)"
+        )
+    impl = "chunked" if impl is None else impl
+    steps = state_every * steps_per_token
+    if impl == "chunked" and steps % chunk_size:
+        per_token = f" ({steps_per_token} steps per token)" if steps_per_token > 1 else ""
+        raise ValueError(
+            f"state_every must make a multiple of chunk_size = {chunk_size} steps for"
+            f" impl='chunked'{per_token}, got state_every={state_every}; change either, or use"
+            " impl='recurrent'"
+        )
+    return impl
+
+
 def check_impl(impl, *, kernels: bool = False) -> str:
     """Resolve `impl`.
 
@@ -161,7 +194,9 @@ def run(form, xs, initial_state, segment_ids, output_final_state, *, scale=None)
       output_final_state: return the final state, else None in its place.
 
     Returns:
-      `(o: [B, T, HV, V] in v.dtype, final: [B, HV, K, V] or None)`.
+      `(o: [B, T, HV, V] in v.dtype, final: [B, HV, K, V] or None)`, followed by the form's
+      states every N tokens `[B, T // N, HV, K, V]` when the form was built with `state_every`
+      (it then returns `(o, final, states)`).
     """
     q, k, v, *gates = xs
     acc = accumulation_dtype(*xs)
@@ -171,8 +206,8 @@ def run(form, xs, initial_state, segment_ids, output_final_state, *, scale=None)
     q = q if scale is None else q * scale
     state = jnp.zeros((b, hv, dk, dv), acc) if initial_state is None else initial_state.astype(acc)
     rest = (x.astype(acc) for x in (v, *gates))
-    o, final = form(q, k, *rest, state, segment_index(segment_ids, b, t))
-    return o.astype(v.dtype), final if output_final_state else None
+    o, final, *states = form(q, k, *rest, state, segment_index(segment_ids, b, t))
+    return o.astype(v.dtype), final if output_final_state else None, *states
 
 
 def decode_step(token_step, q_t, k_t, v_t, gates_t, state, *, scale=None):
@@ -193,12 +228,13 @@ def decode_step(token_step, q_t, k_t, v_t, gates_t, state, *, scale=None):
     return o_t.astype(v_t.dtype), state
 
 
-def recurrent(token_step, *args):
+def recurrent(token_step, *args, state_every=None):
     """The token-by-token reference: `lax.scan` of `token_step(state, x_t) -> (state, o_t)`.
 
     `args = (*xs, state, seg)` as `run` passes them: per-token arrays `[B, T, ...]`, the state
     `[B, HV, K, V]` entering t = 0 and the segment index `[B, T]`; the state restarts from zero
-    at every change of segment. Returns `(o: [B, T, HV, V], final: [B, HV, K, V])`.
+    at every change of segment. Returns `(o: [B, T, HV, V], final: [B, HV, K, V])`, and with
+    `state_every = N` also the states after tokens `N, 2N, ...`: `[B, T // N, HV, K, V]`.
     """
     *xs, state, seg = args
 
@@ -207,8 +243,12 @@ def recurrent(token_step, *args):
         s = jnp.where(reset_t[:, None, None, None], 0.0, s)
         return token_step(s, tuple(rest))
 
-    final, o = scan_tokens(step, state, (resets(seg), *xs))
-    return o, final
+    xs = (resets(seg), *xs)
+    if state_every is None:
+        final, o = scan_tokens(step, state, xs)
+        return o, final
+    final, o, states = scan_blocks(step, state, xs, state_every)
+    return o, final, states
 
 
 def expand_heads(x: jax.Array, groups: int, axis: int = 2) -> jax.Array:
@@ -227,11 +267,45 @@ def segment_index(segment_ids: jax.Array | None, batch: int, length: int) -> jax
 def scan_tokens(step, state: jax.Array, xs):
     """`lax.scan` of `step(state, x_t) -> (state, o_t)` over axis 1 of every leaf of `xs`.
 
-    Returns `(final_state, o)` with `o` stacked back on axis 1.
+    Returns `(final_state, o)` with every leaf of `o` stacked back on axis 1.
     """
     xs_time_major = jax.tree.map(lambda x: jnp.moveaxis(x, 1, 0), xs)
     state, o = jax.lax.scan(step, state, xs_time_major)
-    return state, jnp.moveaxis(o, 0, 1)
+    return state, jax.tree.map(lambda y: jnp.moveaxis(y, 0, 1), o)
+
+
+def scan_blocks(step, state: jax.Array, xs, every: int):
+    """`scan_tokens` that also keeps the state after tokens `every, 2 every, ...`: a scan over
+    blocks of `every` tokens (each a `scan_tokens`), then over the `T mod every` tokens left;
+    only the block-end states are stacked, not all T.
+
+    Returns `(final_state, o, states)`, `states: [B, T // every, ...]` (the shape of `state`).
+    """
+    t = jax.tree.leaves(xs)[0].shape[1]
+    count = t // every
+    head = jax.tree.map(lambda x: x[:, : count * every], xs)
+    blocks = jax.tree.map(lambda x: x.reshape(x.shape[0], count, every, *x.shape[2:]), head)
+
+    def block(s, xs_block):
+        s, o = scan_tokens(step, s, xs_block)
+        return s, (o, s)
+
+    state, (o_head, states) = scan_tokens(block, state, blocks)
+    final, o_tail = scan_tokens(step, state, jax.tree.map(lambda x: x[:, count * every :], xs))
+    o_head = o_head.reshape(o_head.shape[0], count * every, *o_head.shape[3:])
+    return final, jnp.concatenate([o_head, o_tail], axis=1), states
+
+
+def every_state(states: jax.Array, final: jax.Array, every: int, count: int) -> jax.Array:
+    """The states after chunks `every, 2 every, ..., count every` from the state pass's
+    `states: [B, N, ...]` entering each chunk and `final`, the state after the last chunk.
+
+    With chunks of C tokens these are the states after tokens `every C, 2 every C, ...`; the
+    state entering a chunk is the one after its previous token, before any segment restart.
+    Returns `[B, count, ...]`.
+    """
+    after = jnp.concatenate([states[:, 1:], final[:, None]], axis=1)  # after chunk n
+    return after[:, every - 1 :: every][:, :count]
 
 
 def resets(seg: jax.Array) -> jax.Array:
@@ -269,8 +343,17 @@ class ChunkDecays(NamedTuple):
     state_to_end: jax.Array
 
 
-def chunk_decays(g: jax.Array, seg: jax.Array) -> ChunkDecays:
-    """Decays of the chunked form from `g: [B, N, C, HV]` and the chunked `seg: [B, N, C]`.
+def incoming_segment(seg: jax.Array) -> jax.Array:
+    """`[B, N, 1]`: the segment of the state entering each chunk of `seg: [B, N, C]`, that of the
+    token before the chunk (for the first chunk, the initial state belongs to the first
+    segment). A chunk whose first token starts a new segment does not carry the state in."""
+    return jnp.concatenate([seg[:, :1, :1], seg[:, :-1, -1:]], axis=1)
+
+
+def chunk_decays(g: jax.Array, seg: jax.Array, incoming: jax.Array | None = None) -> ChunkDecays:
+    """Decays of the chunked form from `g: [B, N, C, HV]` and the chunked `seg: [B, N, C]`;
+    `incoming: [B, N, 1]` is `incoming_segment(seg)`, computed here when None (pass it when the
+    chunks come one at a time).
 
     `gamma_i = sum_{j <= i, same segment} g_j` within each chunk: a cumulative sum that restarts
     at every segment start, as a masked matmul, so no gradient reaches another segment's gates
@@ -279,10 +362,8 @@ def chunk_decays(g: jax.Array, seg: jax.Array) -> ChunkDecays:
     overflow to `inf` and then give `0 * inf = nan`, also in the gradient).
     """
     c = g.shape[2]
-    # Segment of the state entering each chunk: that of the token before the chunk (for the first
-    # chunk, the initial state belongs to the first segment).
-    prev = jnp.concatenate([seg[:, :1, :1], seg[:, :-1, -1:]], axis=1)  # [B, N, 1]
-    in_carry = seg == prev  # [B, N, C]
+    incoming = incoming_segment(seg) if incoming is None else incoming
+    in_carry = seg == incoming  # [B, N, C]
     in_last = seg == seg[:, :, -1:]
     causal = jnp.tril(jnp.ones((c, c), bool))
     same = (seg[:, :, :, None] == seg[:, :, None, :]) & causal  # [B, N, C_i, C_j]

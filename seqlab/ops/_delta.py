@@ -80,9 +80,10 @@ class Decays(NamedTuple):
     pairs: object
 
 
-def scalar_decays(g: jax.Array, seg: jax.Array) -> Decays:
-    """`Decays` of a gate per head, `g: [B, N, C, HV]`, `seg: [B, N, C]`."""
-    d = _chunked.chunk_decays(g, seg)
+def scalar_decays(g: jax.Array, seg: jax.Array, incoming: jax.Array) -> Decays:
+    """`Decays` of a gate per head, `g: [B, N, C, HV]`, `seg: [B, N, C]`, `incoming: [B, N, 1]`
+    (`_chunked.incoming_segment`)."""
+    d = _chunked.chunk_decays(g, seg, incoming)
 
     def pairs(lefts, b):
         return [einsum("bnihk,bnjhk->bnhij", a, b) * d.intra for a in lefts]
@@ -90,11 +91,11 @@ def scalar_decays(g: jax.Array, seg: jax.Array) -> Decays:
     return Decays(d.state_to_token[..., None], d.token_to_end[..., None], d.state_to_end, pairs)
 
 
-def channel_decays(g: jax.Array, seg: jax.Array) -> Decays:
-    """`Decays` of a gate per key channel, `g: [B, N, C, HV, K]`, `seg: [B, N, C]`."""
+def channel_decays(g: jax.Array, seg: jax.Array, incoming: jax.Array) -> Decays:
+    """`Decays` of a gate per key channel, `g: [B, N, C, HV, K]`, `seg: [B, N, C]`, `incoming:
+    [B, N, 1]` (`_chunked.incoming_segment`)."""
     c = g.shape[2]
-    prev = jnp.concatenate([seg[:, :1, :1], seg[:, :-1, -1:]], axis=1)  # incoming state's segment
-    in_carry, in_last = seg == prev, seg == seg[:, :, -1:]  # [B, N, C]
+    in_carry, in_last = seg == incoming, seg == seg[:, :, -1:]  # [B, N, C]
     same = (seg[:, :, :, None] == seg[:, :, None, :]) & jnp.tril(jnp.ones((c, c), bool))
     # Cumulative log-gate restarting at segment starts (a masked matmul, as `chunk_decays`).
     gamma = einsum("bnij,bnjhk->bnihk", same.astype(g.dtype), g)  # [B, N, C, HV, K]
@@ -181,9 +182,11 @@ class Intra(NamedTuple):
     state_to_end: jax.Array
 
 
-def intra_chunk(write_rule, q, k, v, g, seg, *gates) -> Intra:
-    """`Intra` of chunked inputs `[B, N, C, ...]` (module docstring)."""
-    decays = scalar_decays(g, seg) if g.ndim == 4 else channel_decays(g, seg)
+def intra_chunk(write_rule, q, k, v, g, seg, incoming, *gates) -> Intra:
+    """`Intra` of chunked inputs `[B, N, C, ...]` (module docstring); `incoming: [B, N, 1]`, the
+    segment of the state entering each chunk, is an input because `map_chunks` passes the chunks
+    one at a time (a chunk alone cannot tell whether a segment starts at its first token)."""
+    decays = (scalar_decays if g.ndim == 4 else channel_decays)(g, seg, incoming)
     e, w = write_rule(k, *gates)
     erase_k, scores = decays.pairs((e, q), k)  # [B, N, HV, C, C], masked to one segment
     lower = jnp.tril(erase_k, -1)
@@ -212,24 +215,31 @@ def map_chunks(f, *xs):
     return jax.tree.map(lambda y: jnp.moveaxis(y[:, :, 0], 0, 1), out)
 
 
-def chunked_form(write_rule, chunk_size, scan, q, k, v, g, *rest):
+def chunked_form(write_rule, chunk_size, scan, q, k, v, g, *rest, state_every=None):
     """The WY chunked form (module docstring) as `_chunked.run` calls it: `rest = (*gates, state,
     seg)`, inputs in the accumulation dtype, q pre-scaled.
 
     Everything but the state passing is chunk-parallel; `scan` passes the state (the contract of
     `_chunked.scan_chunk_states`: a `lax.scan` for `"chunked"`, the GPU kernel for the gated
     delta rule's `"pallas_gpu"`). With per-channel gates the chunk-parallel part runs chunk by
-    chunk (`map_chunks`), so that the backward pass's memory grows like `T (K + V + C)`."""
+    chunk (`map_chunks`), so that the backward pass's memory grows like `T (K + V + C)`.
+
+    Returns `(o, final)`, and with `state_every = N` (a multiple of `chunk_size`) also the states
+    after tokens `N, 2N, ...`, `[B, T // N, HV, K, V]`, read off the chunk boundaries."""
     *gates, state, seg = rest
     t = q.shape[1]
     q, k, v, g, *gates = (_chunked.pad_and_chunk(x, chunk_size) for x in (q, k, v, g, *gates))
     seg = _chunked.pad_and_chunk(seg, chunk_size, edge=True)
+    incoming = _chunked.incoming_segment(seg)
     intra = functools.partial(intra_chunk, write_rule)
     if g.ndim == 4:  # a gate per head: all chunks at once
-        parts = intra(q, k, v, g, seg, *gates)
+        parts = intra(q, k, v, g, seg, incoming, *gates)
     else:
-        parts = map_chunks(intra, q, k, v, g, seg, *gates)
+        parts = map_chunks(intra, q, k, v, g, seg, incoming, *gates)
     final, states, v_new = scan(state, parts.k_end, parts.u, parts.w, parts.state_to_end)
     o = einsum("bnchk,bnhkv->bnchv", parts.q_in, states)
     o = o + einsum("bnhij,bnjhv->bnihv", parts.scores, v_new)
-    return _chunked.unchunk(o, t), final
+    if state_every is None:
+        return _chunked.unchunk(o, t), final
+    states = _chunked.every_state(states, final, state_every // chunk_size, t // state_every)
+    return _chunked.unchunk(o, t), final, states

@@ -42,6 +42,7 @@ def gated_delta_rule(
     segment_ids: jax.Array | None = None,
     impl: str | None = None,
     interpret: bool = False,
+    state_every: int | None = None,
 ):
     """Gated delta rule over a sequence.
 
@@ -66,10 +67,20 @@ def gated_delta_rule(
         inputs and `chunk_size` a multiple of 16 (the GPU kernel: 64 or 128, and K <= 128),
         and raise `NotImplementedError` otherwise.
       interpret: run the Pallas kernel in interpret mode (on CPU).
+      state_every: N, a positive int, to also return the states after every N tokens (a prefix
+        cache: running the op on tokens `[j N, T)` from `initial_state=states[:, j - 1]` gives
+        the outputs and final state of the full run there, unless a new segment starts at
+        `j N`, where it starts from zeros instead). Served by `"recurrent"` (a scan over blocks
+        of N tokens) and `"chunked"` (the chunk-boundary states; N must be a multiple of
+        `chunk_size`, else `ValueError`); `impl=None` then means `"chunked"`, and the Pallas
+        names raise `NotImplementedError`.
 
     Returns:
       `(o, final_state)`: `o: [B, T, HV, V]` in `v.dtype`; `final_state: [B, HV, K, V]` in float32
-      (float64 for float64 inputs) when `output_final_state`, else None.
+      (float64 for float64 inputs) when `output_final_state`, else None. With `state_every = N`,
+      `(o, final_state, states)`: `states: [B, T // N, HV, K, V]` in float32 (float64 for
+      float64 inputs), the states after tokens `N, 2N, ..., (T // N) N` (with `segment_ids`,
+      those of the segment running there).
     """
     dk = _chunked.validate(
         q,
@@ -83,7 +94,10 @@ def gated_delta_rule(
     )[3]
     # "pallas" on CPU is the TPU kernel, which CPU can only interpret.
     interpret = interpret or (impl == "pallas" and _chunked.target_platform() == "cpu")
-    impl = resolve_impl(impl, q.dtype, dk, v.shape[-1], chunk_size)
+    if state_every is None:
+        impl = resolve_impl(impl, q.dtype, dk, v.shape[-1], chunk_size)
+    else:
+        impl = _chunked.resolve_with_states(impl, state_every, chunk_size)
     scale = dk**-0.5 if scale is None else scale
     if impl.startswith("pallas"):
         block_sizes = kernel_api.BlockSizes(chunk_size)
@@ -94,9 +108,9 @@ def gated_delta_rule(
         )  # fmt: skip
         return o, final if output_final_state else None
     if impl == "recurrent":
-        form = functools.partial(_chunked.recurrent, _token_step)
+        form = functools.partial(_chunked.recurrent, _token_step, state_every=state_every)
     elif impl == "chunked":
-        form = functools.partial(_chunked_form, chunk_size=chunk_size)
+        form = functools.partial(_chunked_form, chunk_size=chunk_size, state_every=state_every)
     else:  # pallas_gpu: the chunked form with the kernel's state pass, per shard under a mesh
         form = functools.partial(
             _pallas_gpu, chunk_size=chunk_size, block_sizes=block_sizes, interpret=interpret
@@ -187,7 +201,7 @@ def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale: float | N
 _token_step = functools.partial(_delta.token_step, _delta.beta_write)
 
 
-def _chunked_form(*args, chunk_size, scan=_chunked.scan_chunk_states):
+def _chunked_form(*args, chunk_size, scan=_chunked.scan_chunk_states, state_every=None):
     """The WY chunked form of `seqlab.ops._delta` with the delta rule's write `(beta k, beta)`;
     `scan` passes the state (a `lax.scan` for `"chunked"`, the GPU kernel for `"pallas_gpu"`)."""
-    return _delta.chunked_form(_delta.beta_write, chunk_size, scan, *args)
+    return _delta.chunked_form(_delta.beta_write, chunk_size, scan, *args, state_every=state_every)

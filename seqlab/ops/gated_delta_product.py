@@ -39,6 +39,7 @@ def gated_delta_product(
     chunk_size: int = 64,
     segment_ids: jax.Array | None = None,
     impl: str | None = None,
+    state_every: int | None = None,
 ):
     """Gated DeltaProduct over a sequence.
 
@@ -56,29 +57,39 @@ def gated_delta_product(
       segment_ids: `[B, T]` int, packed documents: the state restarts at every change.
       impl: `"recurrent"` (token by token), or any impl of `gated_delta_rule` (None, `"chunked"`,
         `"pallas_tpu"`, `"pallas_gpu"`, `"pallas"`), run on the expanded sequence.
+      state_every: N, a positive int, to also return the states every N tokens (N counts
+        tokens, not writes), as in `seqlab.ops.gated_delta_rule`: `"recurrent"` or `"chunked"`
+        (also for `impl=None`; `N * n` must be a multiple of `chunk_size`); the Pallas names
+        raise `NotImplementedError`.
 
     Returns:
       `(o: [B, T, HV, V] in v.dtype, final_state: [B, HV, K, V] float32 (float64 for float64
-      inputs) or None)`.
+      inputs) or None)`; with `state_every = N`, `(o, final_state, states)`, `states:
+      [B, T // N, HV, K, V]` (float32, float64 for float64 inputs) after tokens `N, 2N, ...`
+      (after all n writes of token `j N - 1`).
     """
     n = num_householder
     _validate(q, k, v, g, beta, n, initial_state, segment_ids, chunk_size)
-    check_choice("impl", impl, _chunked.IMPLS)
+    if state_every is None:
+        check_choice("impl", impl, _chunked.IMPLS)
+    else:
+        _chunked.resolve_with_states(impl, state_every, chunk_size, steps_per_token=n)
     b, t, h, dk = q.shape
     scale = dk**-0.5 if scale is None else scale
     if impl == "recurrent":
         xs = (q, k, v, g, beta)
-        form = functools.partial(_recurrent, n)
+        form = functools.partial(_recurrent, n, state_every=state_every)
         return _chunked.run(form, xs, initial_state, segment_ids, output_final_state, scale=scale)
     first = (jnp.arange(t * n) % n == 0)[None, :, None]
     q_steps = jnp.zeros((b, t, n, h, dk), q.dtype).at[:, :, -1].set(q).reshape(b, t * n, h, dk)
     g_steps = jnp.where(first, jnp.repeat(g, n, axis=1), jnp.zeros((), g.dtype))
-    o, final = gated_delta_rule(
+    o, final, *states = gated_delta_rule(
         q_steps, k, v, g_steps, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, chunk_size=chunk_size,
         segment_ids=_repeat(segment_ids, n), impl=impl,
+        state_every=None if state_every is None else state_every * n,
     )  # fmt: skip
-    return o[:, n - 1 :: n], final
+    return o[:, n - 1 :: n], final, *states
 
 
 def gated_delta_product_step(q_t, k_t, v_t, g_t, beta_t, state, *, scale: float | None = None):
@@ -139,16 +150,17 @@ def _repeat(segment_ids, n):
     return None if segment_ids is None else jnp.repeat(segment_ids, n, axis=1)
 
 
-def _recurrent(n, q, k, v, g, beta, state, seg):
+def _recurrent(n, q, k, v, g, beta, state, seg, state_every=None):
     """`_chunked.recurrent` over tokens, the n writes of a token as one step; arguments as
-    `_chunked.run` passes them (k, v, beta with `T * n` rows)."""
+    `_chunked.run` passes them (k, v, beta with `T * n` rows), `state_every` as there."""
     b, t = q.shape[:2]
 
     def per_token(x):  # [B, T * n, HV, ...] -> [B, T, HV, n, ...]
         return jnp.moveaxis(x.reshape(b, t, n, *x.shape[2:]), 2, 3)
 
     k, v, beta = per_token(k), per_token(v), per_token(beta)
-    return _chunked.recurrent(functools.partial(_token_step, n), q, k, v, g, beta, state, seg)
+    step = functools.partial(_token_step, n)
+    return _chunked.recurrent(step, q, k, v, g, beta, state, seg, state_every=state_every)
 
 
 def _token_step(n, state, xs):

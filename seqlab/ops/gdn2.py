@@ -35,6 +35,7 @@ def gdn2(
     chunk_size: int = 64,
     segment_ids: jax.Array | None = None,
     impl: str | None = None,
+    state_every: int | None = None,
 ):
     """Gated DeltaNet-2 over a sequence.
 
@@ -52,24 +53,31 @@ def gdn2(
       segment_ids: `[B, T]` int, packed documents: the state restarts from zero at every change.
       impl: None or `"chunked"` (WY form), `"recurrent"` (token by token). There is no Pallas
         kernel: Pallas names raise `NotImplementedError`.
+      state_every: N, a positive int, to also return the states every N tokens, as in
+        `seqlab.ops.gated_delta_rule` (`"chunked"` needs N a multiple of `chunk_size`).
 
     Returns:
       `(o: [B, T, H, V] in v.dtype, final_state: [B, H, K, V] float32 (float64 for float64
-      inputs) or None)`.
+      inputs) or None)`; with `state_every = N`, `(o, final_state, states)`, `states:
+      [B, T // N, H, K, V]` (float32, float64 for float64 inputs) after tokens `N, 2N, ...`.
     """
     bt, t, h, dk, hv, dv = _chunked.validate(
         q, k, v, g, initial_state=initial_state, segment_ids=segment_ids, chunk_size=chunk_size,
         channel_gates=True,
     )  # fmt: skip
     _check_gates(b, w, (bt, t, h, dk), dv, hv, layout="[B, T, H, {}]", names=("b", "w", "v"))
-    impl = _chunked.check_impl(impl)
+    if state_every is None:
+        impl = _chunked.check_impl(impl)
+    else:
+        impl = _chunked.resolve_with_states(impl, state_every, chunk_size)
     scale = dk**-0.5 if scale is None else scale
     if impl == "recurrent":
-        form = functools.partial(_chunked.recurrent, _token_step)
+        form = functools.partial(_chunked.recurrent, _token_step, state_every=state_every)
     else:
         form = functools.partial(
-            _delta.chunked_form, _erase_write, chunk_size, _chunked.scan_chunk_states
-        )
+            _delta.chunked_form, _erase_write, chunk_size, _chunked.scan_chunk_states,
+            state_every=state_every,
+        )  # fmt: skip
     xs = (q, k, v, g, b, w)
     return _chunked.run(form, xs, initial_state, segment_ids, output_final_state, scale=scale)
 

@@ -43,6 +43,7 @@ def kda(
     chunk_size: int = 64,
     segment_ids: jax.Array | None = None,
     impl: str | None = None,
+    state_every: int | None = None,
 ):
     """Kimi Delta Attention over a sequence.
 
@@ -63,17 +64,24 @@ def kda(
         `"pallas_tpu"` (the Mosaic TPU kernel: float32 or bfloat16 inputs), `"pallas"` (the TPU
         kernel; on CPU in interpret mode). There is no GPU kernel: `"pallas_gpu"`, and
         `"pallas"` on a GPU, raise `NotImplementedError`.
+      state_every: N, a positive int, to also return the states every N tokens, as in
+        `seqlab.ops.gated_delta_rule`: `"recurrent"` or `"chunked"` (N a multiple of
+        `chunk_size`; also for `impl=None`); the Pallas names raise `NotImplementedError`.
 
     Returns:
       `(o: [B, T, HV, V] in v.dtype, final_state: [B, HV, K, V] float32 (float64 for float64
-      inputs) or None)`.
+      inputs) or None)`; with `state_every = N`, `(o, final_state, states)`, `states:
+      [B, T // N, HV, K, V]` (float32, float64 for float64 inputs) after tokens `N, 2N, ...`.
     """
     dk = _chunked.validate(
         q, k, v, g, beta=beta, initial_state=initial_state, segment_ids=segment_ids,
         chunk_size=chunk_size, channel_gates=True,
     )[3]  # fmt: skip
     interpret = impl == "pallas" and _chunked.target_platform() == "cpu"
-    impl = resolve_impl(impl, q.dtype, chunk_size)
+    if state_every is None:
+        impl = resolve_impl(impl, q.dtype, chunk_size)
+    else:
+        impl = _chunked.resolve_with_states(impl, state_every, chunk_size)
     scale = dk**-0.5 if scale is None else scale
     if impl == "pallas_tpu":
         o, final = _pallas_tpu(
@@ -82,11 +90,12 @@ def kda(
         )  # fmt: skip
         return o, final if output_final_state else None
     if impl == "recurrent":
-        form = functools.partial(_chunked.recurrent, _token_step)
+        form = functools.partial(_chunked.recurrent, _token_step, state_every=state_every)
     else:
         form = functools.partial(
-            _delta.chunked_form, _delta.beta_write, chunk_size, _chunked.scan_chunk_states
-        )
+            _delta.chunked_form, _delta.beta_write, chunk_size, _chunked.scan_chunk_states,
+            state_every=state_every,
+        )  # fmt: skip
     xs = (q, k, v, g, beta)
     return _chunked.run(form, xs, initial_state, segment_ids, output_final_state, scale=scale)
 

@@ -34,6 +34,7 @@ def ssd(
     chunk_size: int = 64,
     segment_ids: jax.Array | None = None,
     impl: str | None = None,
+    state_every: int | None = None,
 ):
     """Mamba-2's gated linear recurrence (SSD) over a sequence.
 
@@ -50,18 +51,27 @@ def ssd(
       impl: None (auto: `"chunked"` on every platform for now), `"recurrent"` (token-by-token
         `lax.scan`), `"chunked"` (SSD form in XLA). `"pallas_tpu"`, `"pallas_gpu"` and `"pallas"`
         raise `NotImplementedError`: the kernels are not implemented yet.
+      state_every: N, a positive int, to also return the states every N tokens (a prefix cache
+        to resume from); as in `seqlab.ops.gated_delta_rule` (`"chunked"` needs N a multiple of
+        `chunk_size`).
 
     Returns:
       `(o, final_state)`: `o: [B, T, HV, V]` in `v.dtype`; `final_state: [B, HV, K, V]` in float32
-      (float64 for float64 inputs) when `output_final_state`, else None.
+      (float64 for float64 inputs) when `output_final_state`, else None. With `state_every = N`,
+      `(o, final_state, states)`: `states: [B, T // N, HV, K, V]` (float32, float64 for float64
+      inputs), the states after tokens `N, 2N, ..., (T // N) N`.
     """
     _chunked.validate(
         q, k, v, g, initial_state=initial_state, segment_ids=segment_ids, chunk_size=chunk_size
     )
-    if _chunked.check_impl(impl) == "recurrent":
-        form = functools.partial(_chunked.recurrent, _token_step)
+    if state_every is None:
+        impl = _chunked.check_impl(impl)
     else:
-        form = functools.partial(_chunked_form, chunk_size=chunk_size)
+        impl = _chunked.resolve_with_states(impl, state_every, chunk_size)
+    if impl == "recurrent":
+        form = functools.partial(_chunked.recurrent, _token_step, state_every=state_every)
+    else:
+        form = functools.partial(_chunked_form, chunk_size=chunk_size, state_every=state_every)
     return _chunked.run(form, (q, k, v, g), initial_state, segment_ids, output_final_state)
 
 
@@ -86,12 +96,17 @@ def _token_step(state, xs):
     return state, _chunked.einsum("bhkv,bhk->bhv", state, q_t)
 
 
-def _chunked_form(q, k, v, g, state, seg, chunk_size):
-    """SSD chunked form (module docstring); inputs in the accumulation dtype."""
+def _chunked_form(q, k, v, g, state, seg, chunk_size, state_every=None):
+    """SSD chunked form (module docstring); inputs in the accumulation dtype. Returns `(o,
+    final)`, and with `state_every = N` (a multiple of `chunk_size`) also the states after tokens
+    `N, 2N, ...`, `[B, T // N, HV, K, V]`, read off the chunk boundaries."""
     t = q.shape[1]
     q, k, v, g = (_chunked.pad_and_chunk(x, chunk_size) for x in (q, k, v, g))
     decays = _chunked.chunk_decays(g, _chunked.pad_and_chunk(seg, chunk_size, edge=True))
     k_end = k * decays.token_to_end[..., None]
     final, states, _ = _chunked.scan_chunk_states(state, k_end, v, None, decays.state_to_end)
     o = _chunked.chunk_outputs(q, k, v, states, decays)
-    return _chunked.unchunk(o, t), final
+    if state_every is None:
+        return _chunked.unchunk(o, t), final
+    states = _chunked.every_state(states, final, state_every // chunk_size, t // state_every)
+    return _chunked.unchunk(o, t), final, states

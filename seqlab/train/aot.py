@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from seqlab.train import mesh as mesh_lib
-from seqlab.train.step import create_state, jit_steps
+from seqlab.train.step import batch_sums, check_sequence_parallel, create_state, jit_steps
 
 GiB = 1 << 30
 # HBM per chip by `device_kind` (Google Cloud TPU documentation, "TPU versions").
@@ -184,13 +184,15 @@ def compile_steps(
     `[batch_size, seq_len]` batches for the devices of `mesh`, placed as `seqlab.train.mesh`
     places a run's arrays.
 
-    Raises `CompileError` for a step the compiler rejects. Nothing is allocated: parameters,
-    optimizer state and batches are abstract.
+    Raises `ValueError` for a `seq_len` the mesh's `seq` axis does not divide, `CompileError` for
+    a step the compiler rejects. Nothing is allocated: parameters, optimizer state and batches
+    are abstract.
     """
+    check_sequence_parallel(model, mesh, seq_len)
     init = functools.partial(create_state, model, tx, seq_len=seq_len)
     state = jax.eval_shape(init, jax.random.key(0))
     shardings = mesh_lib.state_shardings(state, mesh)
-    train_fn, eval_fn = jit_steps(model.apply, shardings, mesh)
+    train_fn, eval_fn = jit_steps(model.apply, shardings, mesh, sums_fn=batch_sums(model, mesh))
     state, batch = abstract(state, shardings), batch_spec(batch_size, seq_len, mesh)
     args = {"train": (train_fn, (state, batch)), "eval": (eval_fn, (state.params, batch))}
     return [compile_step(name, *args[name], mesh) for name in steps]

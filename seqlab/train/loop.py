@@ -1,13 +1,13 @@
 """The training loop: `Trainer(model, tx, train_data, eval_data, mesh, seq_len=...)`.
 
-`trainer.run(workdir, total_steps=..., seed=...)` trains (or resumes) a run in `workdir`: the
-state is initialized from `seed` (or the parameters of `init_from`'s latest checkpoint), placed on
-the `(data, fsdp)` mesh, and updated by the jit-compiled train step on `train_data.batch(step)`;
+`trainer.run(workdir, total_steps=..., seed=...)` trains (or resumes) a run in `workdir`: the state
+is initialized from `seed` (or the parameters of `init_from`'s latest checkpoint), placed on the
+`(data, fsdp, seq)` mesh, and updated by the jit-compiled train step on `train_data.batch(step)`;
 every `log_every` steps a progress line (step, loss, steps/s, tokens/s, ETA) and a record of
-`metrics.jsonl` and TensorBoard, every `eval_every` steps the loss and accuracy of every
-evaluation set over its first `eval_batches` batches, every `checkpoint_every` steps (and at the
-end) an orbax checkpoint. A workdir with checkpoints resumes from the latest one and, since every
-batch is a function of its step, logs the same losses as an uninterrupted run.
+`metrics.jsonl` and TensorBoard, every `eval_every` steps the loss and accuracy of every evaluation
+set over its first `eval_batches` batches, every `checkpoint_every` steps (and at the end) an orbax
+checkpoint. A workdir with checkpoints resumes from the latest one and, since every batch is a
+function of its step, logs the same losses as an uninterrupted run.
 
 Stops: SIGTERM (during `run`) saves a checkpoint at the end of the current step and returns
 status `"sigterm"`; a non-finite loss or gradient norm returns `"nonfinite"` with the step named
@@ -33,7 +33,14 @@ from seqlab.train import mesh as mesh_lib
 from seqlab.train.checkpoint import Checkpointer, restore_params
 from seqlab.train.data import Dataset
 from seqlab.train.metrics import MetricsWriter
-from seqlab.train.step import TrainState, create_state, evaluate_batches, jit_steps
+from seqlab.train.step import (
+    TrainState,
+    batch_sums,
+    check_sequence_parallel,
+    create_state,
+    evaluate_batches,
+    jit_steps,
+)
 
 
 class Trainer:
@@ -45,8 +52,9 @@ class Trainer:
       train_data: the training stream (`Dataset`: batch `{"inputs", "targets"}` of a step).
       eval_data: named evaluation streams (`{}`: none); metric keys `eval/NAME/...`, `eval/...`
         for the name `""`.
-      mesh: a `(data, fsdp)` mesh (`seqlab.train.mesh.make_mesh`); batches split over all of it.
-      seq_len: T of the `[1, T]` batch the parameters are initialized on.
+      mesh: a `(data, fsdp, seq)` mesh (`seqlab.train.mesh.make_mesh`); batches split over all of
+        it, their time axis over `seq` (sequence parallelism, `seqlab.train.step.batch_sums`).
+      seq_len: T of the `[1, T]` batch the parameters are initialized on; a multiple of `seq`.
       schedule: the learning rate by step, logged as `learning_rate` (None: not logged).
       stop_requested: set by SIGTERM during `run` (or by the caller): the loop saves and returns
         at the end of the current step.
@@ -64,13 +72,16 @@ class Trainer:
         schedule: optax.Schedule | None = None,
     ):
         check_positive_int("seq_len", seq_len)
+        check_sequence_parallel(model, mesh, seq_len)
         self.model, self.tx, self.mesh, self.schedule = model, tx, mesh, schedule
         self.train_data, self.eval_data, self.seq_len = train_data, eval_data, seq_len
         self.stop_requested = False
         abstract = jax.eval_shape(self._create, jax.random.key(0))
         self.shardings = mesh_lib.state_shardings(abstract, mesh)
         self._batch_sharding = mesh_lib.batch_sharding(mesh)
-        self._train_fn, self._eval_fn = jit_steps(model.apply, self.shardings, mesh)
+        self._train_fn, self._eval_fn = jit_steps(
+            model.apply, self.shardings, mesh, sums_fn=batch_sums(model, mesh)
+        )
 
     def _create(self, key: jax.Array) -> TrainState:
         return create_state(self.model, self.tx, key, self.seq_len)

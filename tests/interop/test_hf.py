@@ -20,7 +20,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from safetensors.numpy import load_file, save_file
 
 from seqlab.interop import ARCHITECTURES, load_hf, model_of, save_hf
-from seqlab.modules.lm import greedy_decode
+from seqlab.serving import generate
 from tests.interop import hf_models
 from tests.interop.hf_models import torch
 
@@ -205,7 +205,9 @@ def test_greedy_decoding_matches_generate(saved, name):
                 for row in prompt
             ]
         )
-    ours = greedy_decode(converted.model, converted.params, jnp.asarray(prompt.numpy()), 12)
+    ours = generate(
+        converted.model, converted.params, jnp.asarray(prompt.numpy()), max_new_tokens=12
+    ).tokens
     np.testing.assert_array_equal(np.asarray(ours), expected)
 
 

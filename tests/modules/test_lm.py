@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seqlab.modules.lm import PRESETS, LanguageModel, count_params, greedy_decode, preset
+from seqlab.modules.lm import PRESETS, LanguageModel, count_params, preset
+from seqlab.serving import generate
 from tests.conftest import assert_close
 
 TINY = sorted(name for name in PRESETS if name.startswith("tiny-"))
@@ -169,19 +170,15 @@ def test_untied_head_and_zero_centred_norms():
     assert set(p["blocks_1"]["mlp"]) == {"gate", "up", "down"}  # 'd': SwiGLU
 
 
-def test_greedy_decode_is_the_argmax_of_the_forward():
-    """Each decoded token is the argmax of `__call__`'s logits on the prompt and the tokens decoded
-    before it."""
+def test_greedy_generate_is_the_argmax_of_the_forward():
+    """Each token of greedy `seqlab.serving.generate` is the argmax of `__call__`'s logits on the
+    prompt and the tokens generated before it."""
     model, params, tokens = _tiny("tiny-qwen3-next")
     prompt = tokens[:, :3]
-    decoded = greedy_decode(model, params["params"], prompt, 6)
+    decoded = generate(model, params["params"], prompt, max_new_tokens=6).tokens
     assert decoded.shape == (2, 6) and decoded.dtype == jnp.int32
     logits = model.apply(params, jnp.concatenate([prompt, decoded], axis=1))
     np.testing.assert_array_equal(jnp.argmax(logits[:, 2:-1], axis=-1), decoded)
-    with pytest.raises(ValueError, match="num_tokens"):
-        greedy_decode(model, params["params"], prompt, 0)
-    with pytest.raises(ValueError, match="prompt"):
-        greedy_decode(model, params["params"], prompt[0], 2)
 
 
 def test_bad_inputs_raise():

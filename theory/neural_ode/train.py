@@ -90,7 +90,7 @@ def fit(model, params, dataset, *, steps: int, learning_rate: float, first_batch
     `first_batch ...` of `dataset`, with a fresh `optimizer`, by `seqlab.train.Trainer`'s train
     step on one device. Returns `(params, losses: [steps])`."""
     seq_len = dataset.batch(first_batch)["inputs"].shape[1]
-    mesh = make_mesh(1, 1, jax.devices()[:1])
+    mesh = make_mesh(1, 1, devices=jax.devices()[:1])
     trainer = Trainer(model, optimizer(learning_rate, steps), dataset, {}, mesh, seq_len=seq_len)
     state = trainer.state_from(params)
     losses = []
