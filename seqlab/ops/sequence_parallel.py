@@ -55,6 +55,11 @@ Attention: positions are global (shard offset plus local index). Global causal a
 gathers k and v along time (`lax.all_gather`, tiled); a sliding window `w` with
 `w - 1 <= T_loc` needs only the previous shard's last `w - 1` keys and values (`lax.ppermute`).
 
+The Pallas TPU kernels (what `impl=None` runs on a TPU) take their pieces only inside a
+`shard_map` with `check_vma=False`: their backward traces a `jax.vjp` inside the kernel, mixing
+values typed varying over the axis with untyped kernel-local ones, which the checked mode rejects
+(`shard_time` and the trainer's sequence-parallel step use `check_vma=False`).
+
 Backward passes are JAX autodiff through the collectives (the transpose of `ppermute` is the
 opposite `ppermute`, of `all_gather` a `psum_scatter`).
 """
@@ -585,7 +590,11 @@ def shard_time(op_name: str, mesh: jax.sharding.Mesh, axis_name: str = "seq", **
         def local(*xs):
             return layout.per_shard(**dict(zip(names, xs, strict=True)), **static)
 
-        out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_specs)(*values)
+        # Unchecked: the TPU kernels' backward (impl None on a TPU) mixes values typed varying
+        # over the axis with untyped kernel-local ones, which a checked shard_map rejects.
+        out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)(
+            *values
+        )
         if not pad:
             return out
         first = slice(pad, None) if op_name == "causal_conv1d" else slice(0, length)

@@ -91,6 +91,16 @@ def test_every_config_compiles_for_a_tpu_slice(name):
 
 
 @pytest.mark.aot
+def test_sequence_parallel_run_compiles_with_the_tpu_kernels():
+    """`mesh.seq=2` (the time axis over 2 chips, FSDP over the other 2): the sequence-parallel
+    train step compiles with the Mosaic kernels, forward and backward, on the local pieces."""
+    cfg = config("lm", mesh__data=1, mesh__fsdp=2, mesh__seq=2)
+    train, evaluate = launch.compile_only(cfg, aot.topology_devices("v5e:2x2"))
+    assert train.fits and evaluate.fits
+    assert {"gated_delta_fwd", "gated_delta_bwd"} <= {n for n, _ in train.kernels}
+
+
+@pytest.mark.aot
 def test_the_kernel_runs_per_shard_under_the_mesh():
     """With batches split over 4 chips the kernel sees a quarter of the batch (shard_map), not
     the whole batch gathered onto every chip."""

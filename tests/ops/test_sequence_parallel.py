@@ -132,6 +132,30 @@ def test_per_shard_function_inside_shard_map_float64():
     check_against_op("gated_delta_rule", sharded, single, tuple(x.values()))
 
 
+def test_tpu_kernel_pieces_under_unchecked_shard_map():
+    """The pieces run by the Mosaic TPU kernel (`impl="pallas"`: interpreted on CPU), as the
+    sequence-parallel train step on a TPU runs them: inside a `shard_map` with
+    `check_vma=False` (the kernel's backward mixes typed and untyped values), 2 shards of 16
+    tokens, the local value width `V + K` of the identity columns, outputs and gradients."""
+    x = delta_inputs(inputs, seed=6, t=32, hv=2)
+    kw = dict(output_final_state=True, chunk_size=16)
+    local = functools.partial(sp.gated_delta_rule, axis_name="seq", impl="pallas", **kw)
+    specs = (*(P(None, "seq") for _ in range(5)), P())
+    sharded = jax.shard_map(
+        lambda *a: local(*a[:-1], initial_state=a[-1]),
+        mesh=seq_mesh(2),
+        in_specs=specs,
+        out_specs=(P(None, "seq"), P()),
+        check_vma=False,
+    )
+
+    def single(*a):
+        return ops.gated_delta_rule(*a[:-1], initial_state=a[-1], impl="chunked", **kw)
+
+    args = (*(x[n] for n in ("q", "k", "v", "g", "beta")), x["initial_state"])
+    check_against_op("gated_delta_rule", sharded, single, args)
+
+
 @pytest.mark.parametrize(
     ("shards", "t", "softplus"), [(4, 22, True), (2, 16, False)], ids=["pad-softplus", "divisible"]
 )
