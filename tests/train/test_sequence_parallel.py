@@ -64,16 +64,22 @@ def _unsharded_step():
     return jax.device_get(state.params), metrics
 
 
-def test_the_forward_under_shard_map_equals_the_plain_forward():
-    mesh = make_mesh(2, 1, 2)
-    local = MODEL.clone(seq_axis="seq")
-    forward = jax.shard_map(
+def sharded_forward(model: LanguageModel, mesh):
+    """`model`'s forward on pieces of the time axis: cloned with `seq_axis="seq"` inside a
+    `shard_map` manual over `seq` (parameters replicated, tokens and logits split along T)."""
+    local = model.clone(seq_axis="seq")
+    return jax.shard_map(
         lambda params, tokens: local.apply({"params": params}, tokens),
         mesh=mesh,
         in_specs=(P(), P(None, "seq")),
         out_specs=P(None, "seq"),
         axis_names={"seq"},
     )
+
+
+def test_the_forward_under_shard_map_equals_the_plain_forward():
+    mesh = make_mesh(2, 1, 2)
+    forward = sharded_forward(MODEL, mesh)
     tokens = mesh_lib.place_batch(Dataset(_mqar, 0, 0).batch(0), mesh_lib.batch_sharding(mesh))
     tokens = tokens["inputs"]
     expected = jax.jit(MODEL.apply)({"params": _params()}, np.asarray(tokens))
@@ -96,14 +102,7 @@ def test_the_delta_family_forward_under_shard_map_equals_the_plain_forward():
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 16)
     params = jax.jit(model.init)(jax.random.key(0), tokens)["params"]
     mesh = make_mesh(1, 1, 4)
-    local = model.clone(seq_axis="seq")
-    forward = jax.shard_map(
-        lambda params, tokens: local.apply({"params": params}, tokens),
-        mesh=mesh,
-        in_specs=(P(), P(None, "seq")),
-        out_specs=P(None, "seq"),
-        axis_names={"seq"},
-    )
+    forward = sharded_forward(model, mesh)
     with jax.set_mesh(mesh):
         logits = jax.jit(forward)(params, tokens)
     assert_close(logits, jax.jit(model.apply)({"params": params}, tokens))
