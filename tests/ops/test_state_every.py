@@ -17,6 +17,7 @@ import pytest
 from seqlab.ops import selective_scan
 from tests.conftest import assert_close
 from tests.ops.recurrences import RECURRENCES, segment_rows
+from tests.ops.trained_like import correlated_keys
 
 EVERY, CHUNK, LENGTH = 8, 4, 21  # two states, and five tokens after the last one
 IMPLS = ("recurrent", "chunked")
@@ -70,6 +71,26 @@ def test_states_and_resume_equal_full_run(rec, impl):
         o_rest, final_rest = run(rec, impl)(**rest, segment_ids=seg[:, start:])
         assert_close((o_rest, final_rest), (o[:, start:], final), err_msg=f"resumed at {start}")
     assert bool(new_document[0, 0, 0, 0]) and not bool(new_document[1, 0, 0, 0])  # both cases met
+
+
+def test_trained_like_inputs_float32():
+    """The chunked gated delta rule in float32 on a trained model's kind of inputs: keys with
+    neighbouring cosine 0.97, write strengths in (0.95, 1) and log-gates down to -30 (a state
+    all but erased): the states are the prefix runs' final states, resuming from them gives
+    the full run."""
+    (rec,) = (r for r in RECURRENCES if r.name == "gated_delta_rule")
+    rng = np.random.default_rng(4)
+    x = make_inputs(rec, jnp.float32)
+    x["k"] = jnp.asarray(correlated_keys(rng, x["k"].shape, 0.97), jnp.float32)
+    x["beta"] = jnp.asarray(rng.uniform(0.95, 1.0, x["beta"].shape), jnp.float32)
+    x["g"] = jnp.asarray(np.where(rng.random(x["g"].shape) < 0.2, -30.0, -0.01), jnp.float32)
+    o, final, states = run(rec, "chunked", EVERY)(**x)
+    for i in range(LENGTH // EVERY):
+        stop = (i + 1) * EVERY
+        _, prefix_final = run(rec, "recurrent")(**tokens(x, 0, stop))
+        assert_close(states[:, i], prefix_final, err_msg=f"states[:, {i}]")
+        rest = dict(tokens(x, stop), initial_state=states[:, i])
+        assert_close(run(rec, "chunked")(**rest), (o[:, stop:], final), err_msg=f"at {stop}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
