@@ -12,12 +12,20 @@ from the registry (`seqlab.train.models`), the data and the optimizer, and hands
 devices: sequence parallelism); runs jit-compiled train and eval steps; logs a progress line (step,
 loss, steps/s, tokens/s, ETA), `metrics.jsonl`, `config.json` and TensorBoard events in the workdir;
 saves orbax checkpoints every `checkpoint_every` steps and at the end. Launching again on the same
-workdir resumes from the latest checkpoint and logs the same losses as an uninterrupted run. SIGTERM
-saves a checkpoint and exits 0; a non-finite loss or gradient stops the run (exit 1) with the step
-named, leaving the checkpoints of the good steps untouched (the step's metrics are read back after
-every step, one host sync per step, so the bad step is named exactly). `--distributed` calls
-`jax.distributed.initialize()` first (several hosts). Errors raised during training are not config
-errors: they propagate with their own traceback.
+workdir resumes from the newest checkpoint that reads back completely (a damaged newer one is named
+in one log line and kept aside as `checkpoints/STEP.damaged`) and logs the same losses as an
+uninterrupted run; when checkpoints exist but none reads back, it exits 1 with "checkpoint error:
+..." naming the folder. SIGTERM saves a checkpoint and exits 0; a non-finite loss or gradient stops
+the run (exit 1) with the step named, leaving the checkpoints of the good steps untouched (the
+metrics stay on the device between reads, every `log_every` steps and before every save, and
+name the first bad step exactly; no host sync per step). `--distributed` calls
+`jax.distributed.initialize()` first (several hosts). Other errors raised during training are not
+config errors: they propagate with their own traceback.
+
+Logs: by default the progress line, evaluations, one line per checkpoint saved, the resume, and
+warnings and errors (the loggers `seqlab` and `experiments` at INFO, every other library at
+WARNING: orbax's and jax's INFO lines stay quiet); absl's `--verbosity=1` (or `-v 1`) shows
+everything.
 
 Fine-tuning: a config with `init_from = WORKDIR` starts (step 0, fresh optimizer) from the
 parameters of that run's latest checkpoint; parameters the source lacks (LoRA factors) keep their
@@ -33,19 +41,21 @@ that TPU slice from any machine, with libtpu installed (`pip install -e ".[tpu]"
 data, workdir or checkpoint is needed.
 """
 
+import logging
 import pathlib
 import sys
 from typing import NamedTuple
 
 import flax.linen as nn
 import optax
-from absl import app, flags, logging
+from absl import app, flags
 from jax.sharding import Mesh
 from ml_collections import config_flags
 
 from seqlab.ops.checks import check_positive_int
 from seqlab.train import Trainer, aot, build_model, make_datasets, make_optimizer, make_schedule
 from seqlab.train import mesh as mesh_lib
+from seqlab.train.checkpoint import CheckpointError
 from seqlab.train.data import Dataset, vocab_size
 from seqlab.train.step import check_sequence_parallel
 
@@ -69,6 +79,20 @@ RUN_KEYS = (
     "eval_every",
     "eval_batches",
 )
+# The loggers of the project's own lines, at INFO by default (`quiet_logs`).
+PROJECT_LOGGERS = ("seqlab", "experiments")
+
+log = logging.getLogger("experiments.launch")
+
+
+def quiet_logs(verbosity: int) -> None:
+    """At absl's default `verbosity` 0: the root logger (absl's handler, and so orbax's and jax's
+    lines) at WARNING, the `PROJECT_LOGGERS` at INFO. Any other verbosity is left as absl set it
+    (above 0: everything, below: warnings and errors only)."""
+    if verbosity == 0:
+        logging.getLogger().setLevel(logging.WARNING)
+        for name in PROJECT_LOGGERS:
+            logging.getLogger(name).setLevel(logging.INFO)
 
 
 def get(config, dotted: str):
@@ -187,7 +211,7 @@ def compile_built(
         f" mesh {_mesh_text(mesh)}; batch"
         f" {config.batch_size} x {config.data.seq_len} tokens; per device:"
     )
-    logging.info("\n%s", aot.format_report(compiled, header))
+    log.info("\n%s", aot.format_report(compiled, header))
     return compiled
 
 
@@ -231,6 +255,7 @@ def main(argv):
         raise app.UsageError("--topology needs --compile_only")
     if not _COMPILE_ONLY.value and not _WORKDIR.value:
         raise app.UsageError("--workdir is required (except with --compile_only)")
+    quiet_logs(flags.FLAGS.verbosity)
     if _DISTRIBUTED.value:
         mesh_lib.initialize_distributed()
     config = _CONFIG.value
@@ -243,7 +268,10 @@ def main(argv):
     if trainer is None:
         _compile_main(config, built)
         return
-    result = run_trainer(trainer, config, _WORKDIR.value)
+    try:
+        result = run_trainer(trainer, config, _WORKDIR.value)
+    except CheckpointError as error:
+        sys.exit(f"checkpoint error: {error}")
     if result["status"] == "nonfinite":
         sys.exit(f"stopped: non-finite loss at step {result['step']}")
 

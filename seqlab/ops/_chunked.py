@@ -399,18 +399,36 @@ def scan_chunk_states(state, k_end, u, w, state_to_end):
     Returns:
       `(final_state, states [B, N, HV, K, V] entering each chunk, v_new [B, N, C, HV, V])`.
       Only per-chunk states are produced or saved for the backward pass: `O(N K V)`, not `O(T K V)`.
+
+    The scan runs chunk-major, `[N, B, HV, C, ...]`, so that every product is a plain batched
+    matmul; a caller holding heads-major chunks `[B, N, HV, C, ...]` passes them through
+    `token_major` and back through `heads_major`, transposes that XLA cancels against these.
     """
 
     def step(s, xs):
         k_end_n, u_n, w_n, decay_n = xs
-        v_new = u_n if w_n is None else u_n - einsum("bchk,bhkv->bchv", w_n, s)
-        s_next = decay_state(decay_n, s) + einsum("bchk,bchv->bhkv", k_end_n, v_new)
+        v_new = u_n if w_n is None else u_n - einsum("bhck,bhkv->bhcv", w_n, s)
+        s_next = decay_state(decay_n, s) + einsum("bhck,bhcv->bhkv", k_end_n, v_new)
         return s_next, (s, None if w_n is None else v_new)
 
-    xs = jax.tree.map(lambda x: jnp.moveaxis(x, 1, 0), (k_end, u, w, state_to_end))
+    def chunk_major(x):  # [B, N, C, HV, D] -> [N, B, HV, C, D]
+        return None if x is None else jnp.moveaxis(heads_major(x), 1, 0)
+
+    xs = (*(chunk_major(x) for x in (k_end, u, w)), jnp.moveaxis(state_to_end, 1, 0))
     final, (states, v_new) = jax.lax.scan(step, state, xs)
-    v_new = u if w is None else jnp.moveaxis(v_new, 0, 1)
+    v_new = u if w is None else token_major(jnp.moveaxis(v_new, 0, 1))
     return final, jnp.moveaxis(states, 0, 1), v_new
+
+
+def heads_major(x: jax.Array) -> jax.Array:
+    """`[B, N, C, HV, ...] -> [B, N, HV, C, ...]`: chunks laid out per head, so that the products
+    over a chunk's tokens are batched matmuls over `(B, N, HV)` (no transposes around each)."""
+    return jnp.swapaxes(x, 2, 3)
+
+
+def token_major(x: jax.Array) -> jax.Array:
+    """`[B, N, HV, C, ...] -> [B, N, C, HV, ...]`, the inverse of `heads_major`."""
+    return jnp.swapaxes(x, 2, 3)
 
 
 def decay_state(decay: jax.Array, state: jax.Array) -> jax.Array:
@@ -423,11 +441,13 @@ def chunk_outputs(q, k, v_new, states, decays: ChunkDecays):
     """`o = (q * state_to_token) S_n + ((q k^T) * intra) v_new`, all chunks at once.
 
     q, k: `[B, N, C, HV, K]`; v_new: `[B, N, C, HV, V]`; states: `[B, N, HV, K, V]`.
-    Returns `[B, N, C, HV, V]`.
+    Returns `[B, N, C, HV, V]`. Computed heads-major (`heads_major`).
     """
-    inter = einsum("bnchk,bnhkv->bnchv", q * decays.state_to_token[..., None], states)
-    scores = einsum("bnihk,bnjhk->bnhij", q, k) * decays.intra
-    return inter + einsum("bnhij,bnjhv->bnihv", scores, v_new)
+    q_in = heads_major(q * decays.state_to_token[..., None])
+    q, k, v_new = (heads_major(x) for x in (q, k, v_new))
+    scores = einsum("bnhik,bnhjk->bnhij", q, k) * decays.intra
+    o = einsum("bnhck,bnhkv->bnhcv", q_in, states) + einsum("bnhij,bnhjv->bnhiv", scores, v_new)
+    return token_major(o)
 
 
 def unchunk(x: jax.Array, length: int) -> jax.Array:

@@ -39,13 +39,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from seqlab.kernels.gated_delta import chunk
 from seqlab.ops import _chunked
 
 einsum = _chunked.einsum
 
 # Tokens per sub-chunk of the per-channel pair products (the largest divisor of the chunk up to it).
 SUB_CHUNK = 16
+# Rows per diagonal block of the blocked triangular solve (`solve_unit_lower`).
+SOLVE_BLOCK = 16
 
 
 def beta_write(k, beta):
@@ -65,13 +66,14 @@ def token_step(write_rule, state, xs):
 
 
 class Decays(NamedTuple):
-    """Masked decays of one chunk layout, broadcastable against `[B, N, C, HV, K]` keys.
+    """Masked decays of one chunk layout, broadcastable against heads-major `[B, N, HV, C, K]`
+    keys (`_chunked.heads_major`).
 
-    to_token: `[B, N, C, HV, 1 | K]`, `exp(gamma_i)` for tokens in the incoming state's segment.
-    to_end: `[B, N, C, HV, 1 | K]`, `exp(gamma_C - gamma_j)` for tokens in the chunk's last segment.
+    to_token: `[B, N, HV, C, 1 | K]`, `exp(gamma_i)` for tokens in the incoming state's segment.
+    to_end: `[B, N, HV, C, 1 | K]`, `exp(gamma_C - gamma_j)` for tokens in the chunk's last segment.
     state_to_end: `[B, N, HV]` or `[B, N, HV, K]`, `exp(gamma_C)` if the incoming segment spans it.
-    pairs: `(lefts, b) -> [[B, N, HV, C, C] per a in lefts]`, `a_i^T Gamma_ij b_j` for `i >= j`
-      in one segment, else 0 (several lefts share the work on `b`).
+    pairs: `(lefts, b) -> [[B, N, HV, C, C] per a in lefts]` for heads-major `b` and lefts,
+      `a_i^T Gamma_ij b_j` for `i >= j` in one segment, else 0 (lefts share the work on `b`).
     """
 
     to_token: jax.Array
@@ -86,9 +88,12 @@ def scalar_decays(g: jax.Array, seg: jax.Array, incoming: jax.Array) -> Decays:
     d = _chunked.chunk_decays(g, seg, incoming)
 
     def pairs(lefts, b):
-        return [einsum("bnihk,bnjhk->bnhij", a, b) * d.intra for a in lefts]
+        return [einsum("bnhik,bnhjk->bnhij", a, b) * d.intra for a in lefts]
 
-    return Decays(d.state_to_token[..., None], d.token_to_end[..., None], d.state_to_end, pairs)
+    to_token, to_end = (
+        _chunked.heads_major(x)[..., None] for x in (d.state_to_token, d.token_to_end)
+    )
+    return Decays(to_token, to_end, d.state_to_end, pairs)
 
 
 def channel_decays(g: jax.Array, seg: jax.Array, incoming: jax.Array) -> Decays:
@@ -102,7 +107,14 @@ def channel_decays(g: jax.Array, seg: jax.Array, incoming: jax.Array) -> Decays:
     to_token = _masked_exp(in_carry[..., None, None], gamma)
     to_end = _masked_exp(in_last[..., None, None], gamma[:, :, -1:] - gamma)
     state_to_end = _masked_exp(in_carry[:, :, -1, None, None], gamma[:, :, -1])
-    return Decays(to_token, to_end, state_to_end, channel_pairs(gamma, seg, same))
+    token_major_pairs = channel_pairs(gamma, seg, same)
+
+    def pairs(lefts, b):
+        token_major = _chunked.token_major
+        return token_major_pairs([token_major(a) for a in lefts], token_major(b))
+
+    to_token, to_end = (_chunked.heads_major(x) for x in (to_token, to_end))
+    return Decays(to_token, to_end, state_to_end, pairs)
 
 
 def channel_pairs(gamma: jax.Array, seg: jax.Array, same: jax.Array):
@@ -167,10 +179,11 @@ def _masked_exp(mask: jax.Array, x: jax.Array) -> jax.Array:
 
 
 class Intra(NamedTuple):
-    """The chunk-parallel part of the chunked form: what the state pass and the outputs need.
+    """The chunk-parallel part of the chunked form: what the state pass and the outputs need,
+    heads-major (`_chunked.heads_major`).
 
-    u: `[B, N, C, HV, V]`; w: `[B, N, C, HV, K]` (`v_new = u - w S`); k_end: `[B, N, C, HV, K]`,
-    keys decayed to the chunk end; q_in: `[B, N, C, HV, K]`, queries decayed from the chunk
+    u: `[B, N, HV, C, V]`; w: `[B, N, HV, C, K]` (`v_new = u - w S`); k_end: `[B, N, HV, C, K]`,
+    keys decayed to the chunk end; q_in: `[B, N, HV, C, K]`, queries decayed from the chunk
     start; scores: `[B, N, HV, C, C]`, `q_i^T Gamma_ij k_j`; state_to_end: `[B, N, HV (, K)]`.
     """
 
@@ -187,22 +200,88 @@ def intra_chunk(write_rule, q, k, v, g, seg, incoming, *gates) -> Intra:
     segment of the state entering each chunk, is an input because `map_chunks` passes the chunks
     one at a time (a chunk alone cannot tell whether a segment starts at its first token)."""
     decays = (scalar_decays if g.ndim == 4 else channel_decays)(g, seg, incoming)
+    # Heads-major from here on: every product over a chunk's tokens is a batched matmul.
+    q, k, v, *gates = (_chunked.heads_major(x) for x in (q, k, v, *gates))
     e, w = write_rule(k, *gates)
     erase_k, scores = decays.pairs((e, q), k)  # [B, N, HV, C, C], masked to one segment
-    lower = jnp.tril(erase_k, -1)
-    # u = A (w v), W = A (exp(gamma) e), A = (I + L)^{-1} (the stable blocked solve of
-    # seqlab.kernels.gated_delta.chunk, shared with the TPU kernel).
-    rhs = jnp.concatenate([w * v, decays.to_token * e], axis=-1)  # [B, N, C, HV, V + K]
-    uw = einsum("bnhij,bnjhd->bnihd", chunk.unit_lower_inverse(lower), rhs)
+    # u = A (w v), W = A (exp(gamma) e), A = (I + strict_lower(erase_k))^{-1}: one solve.
+    rhs = jnp.concatenate([w * v, decays.to_token * e], axis=-1)  # [B, N, HV, C, V + K]
+    uw = solve_unit_lower(erase_k, rhs)
     dv = v.shape[-1]
     return Intra(
-        uw[..., :dv],
-        uw[..., dv:],
-        k * decays.to_end,
-        q * decays.to_token,
-        scores,
+        uw[..., :dv], uw[..., dv:], k * decays.to_end, q * decays.to_token, scores,
         decays.state_to_end,
-    )
+    )  # fmt: skip
+
+
+def solve_unit_lower(a: jax.Array, rhs: jax.Array) -> jax.Array:
+    """`X = (I + L)^{-1} rhs` with `L` the strictly lower part of `a: [..., C, C]`, `rhs:
+    [..., C, R]`; any C (padded to a multiple of the block inside).
+
+    Blocked forward substitution, backward stable (no explicit inverse of `I + L`): the diagonal
+    `s x s` blocks `D_m` of `I + L` (s = `SOLVE_BLOCK`) are inverted by column-oriented forward
+    substitution, all at once; then, block row by block row,
+
+        X_m = D_m^{-1} (rhs_m - L_{m,<m} X_{<m}),
+
+    a few batched matmuls (on CPU far cheaper than `lax.linalg.triangular_solve`, which runs
+    LAPACK per matrix). The derivative is the solve's own (`jax.custom_jvp`):
+    `dX = (I + L)^{-1} (d rhs - strict_lower(dA) X)`, linear in the tangent, so reverse mode
+    transposes it into the backward substitution with `(I + L)^T`.
+    """
+    c = a.shape[-1]
+    s = min(SOLVE_BLOCK, c)
+    pad = -c % s  # zero rows and columns: identity rows of I + L, zero rows of X
+    if pad:
+        a = jnp.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, pad), (0, pad)])
+        rhs = jnp.pad(rhs, [(0, 0)] * (rhs.ndim - 2) + [(0, pad), (0, 0)])
+    return _solve_blocked(a, rhs)[..., :c, :]
+
+
+@jax.custom_jvp
+def _solve_blocked(a, rhs):
+    """`solve_unit_lower` for C a multiple of the block."""
+    return _substitute(_diagonal_inverses(a), a, rhs)
+
+
+@_solve_blocked.defjvp
+def _solve_blocked_jvp(primals, tangents):
+    a, rhs = primals
+    da, drhs = tangents
+    inverses = _diagonal_inverses(a)
+    x = _substitute(inverses, a, rhs)
+    dx = _substitute(inverses, a, drhs - einsum("...ij,...jd->...id", jnp.tril(da, -1), x))
+    return x, dx
+
+
+def _diagonal_inverses(a: jax.Array) -> jax.Array:
+    """`[..., M, s, s]`: the inverses of the diagonal blocks of `I + strict_lower(a)`.
+
+    Column-oriented forward substitution: `D = E_0 E_1 ... E_{s-2}` with `E_j = I + l_j e_j^T`
+    (`l_j` the j-th column of the block's strictly lower part), so `D^{-1} = E_{s-2}^{-1} ...
+    E_0^{-1}` and `E_j^{-1} X = X - l_j (e_j^T X)`: s - 1 rank-one updates of `[s, s]` blocks."""
+    s = min(SOLVE_BLOCK, a.shape[-1])
+    m = a.shape[-1] // s
+    blocks = jnp.stack([a[..., i * s : (i + 1) * s, i * s : (i + 1) * s] for i in range(m)], -3)
+    blocks = jnp.where(jnp.tri(s, k=-1, dtype=bool), blocks, 0.0)
+    x = jnp.broadcast_to(jnp.eye(s, dtype=a.dtype), blocks.shape)
+    for j in range(s - 1):
+        x = x - blocks[..., :, j, None] * x[..., None, j, :]
+    return x
+
+
+def _substitute(inverses: jax.Array, a: jax.Array, rhs: jax.Array) -> jax.Array:
+    """Block forward substitution `X_m = D_m^{-1} (rhs_m - L_{m,<m} X_{<m})` (linear in `rhs`);
+    `inverses: [..., M, s, s]` from `_diagonal_inverses(a)`."""
+    m, s = inverses.shape[-3], inverses.shape[-1]
+    rows = []
+    for i in range(m):
+        r = rhs[..., i * s : (i + 1) * s, :]
+        if i:
+            done = jnp.concatenate(rows, axis=-2)
+            r = r - einsum("...ij,...jd->...id", a[..., i * s : (i + 1) * s, : i * s], done)
+        rows.append(einsum("...ij,...jd->...id", inverses[..., i, :, :], r))
+    return jnp.concatenate(rows, axis=-2)
 
 
 def map_chunks(f, *xs):
@@ -236,9 +315,12 @@ def chunked_form(write_rule, chunk_size, scan, q, k, v, g, *rest, state_every=No
         parts = intra(q, k, v, g, seg, incoming, *gates)
     else:
         parts = map_chunks(intra, q, k, v, g, seg, incoming, *gates)
-    final, states, v_new = scan(state, parts.k_end, parts.u, parts.w, parts.state_to_end)
-    o = einsum("bnchk,bnhkv->bnchv", parts.q_in, states)
-    o = o + einsum("bnhij,bnjhv->bnihv", parts.scores, v_new)
+    # The scan's contract is token-major; the default scan cancels these transposes.
+    token_major = (_chunked.token_major(x) for x in (parts.k_end, parts.u, parts.w))
+    final, states, v_new = scan(state, *token_major, parts.state_to_end)
+    o = einsum("bnhck,bnhkv->bnhcv", parts.q_in, states)
+    o = o + einsum("bnhij,bnhjv->bnhiv", parts.scores, _chunked.heads_major(v_new))
+    o = _chunked.token_major(o)
     if state_every is None:
         return _chunked.unchunk(o, t), final
     states = _chunked.every_state(states, final, state_every // chunk_size, t // state_every)

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from seqlab.kernels.gated_delta import api as kernel_api
-from seqlab.ops import _chunked, _delta
+from seqlab.ops import _chunk_vjp, _chunked, _delta
 
 
 def gated_delta_rule(
@@ -111,6 +111,7 @@ def gated_delta_rule(
         form = functools.partial(_chunked.recurrent, _token_step, state_every=state_every)
     elif impl == "chunked":
         form = functools.partial(_chunked_form, chunk_size=chunk_size, state_every=state_every)
+        form = _chunk_vjp.chunked(form, chunk_size, state_every)
     else:  # pallas_gpu: the chunked form with the kernel's state pass, per shard under a mesh
         form = functools.partial(
             _pallas_gpu, chunk_size=chunk_size, block_sizes=block_sizes, interpret=interpret

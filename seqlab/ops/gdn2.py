@@ -17,7 +17,7 @@ import functools
 
 import jax
 
-from seqlab.ops import _chunked, _delta
+from seqlab.ops import _chunk_vjp, _chunked, _delta
 from seqlab.ops.checks import check_floating, check_shape
 
 
@@ -78,6 +78,7 @@ def gdn2(
             _delta.chunked_form, _erase_write, chunk_size, _chunked.scan_chunk_states,
             state_every=state_every,
         )  # fmt: skip
+        form = _chunk_vjp.chunked(form, chunk_size, state_every)
     xs = (q, k, v, g, b, w)
     return _chunked.run(form, xs, initial_state, segment_ids, output_final_state, scale=scale)
 

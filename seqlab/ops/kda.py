@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from seqlab.kernels.gated_delta import api as gdn_kernel_api
 from seqlab.kernels.kda import api as kernel_api
-from seqlab.ops import _chunked, _delta
+from seqlab.ops import _chunk_vjp, _chunked, _delta
 from seqlab.ops.checks import accumulation_dtype, check_floating, check_shape
 
 
@@ -96,6 +96,7 @@ def kda(
             _delta.chunked_form, _delta.beta_write, chunk_size, _chunked.scan_chunk_states,
             state_every=state_every,
         )  # fmt: skip
+        form = _chunk_vjp.chunked(form, chunk_size, state_every)
     xs = (q, k, v, g, beta)
     return _chunked.run(form, xs, initial_state, segment_ids, output_final_state, scale=scale)
 

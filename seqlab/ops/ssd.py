@@ -20,7 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from seqlab.ops import _chunked
+from seqlab.ops import _chunk_vjp, _chunked
 
 
 def ssd(
@@ -72,6 +72,7 @@ def ssd(
         form = functools.partial(_chunked.recurrent, _token_step, state_every=state_every)
     else:
         form = functools.partial(_chunked_form, chunk_size=chunk_size, state_every=state_every)
+        form = _chunk_vjp.chunked(form, chunk_size, state_every)
     return _chunked.run(form, (q, k, v, g), initial_state, segment_ids, output_final_state)
 
 

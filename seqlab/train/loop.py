@@ -6,31 +6,41 @@ is initialized from `seed` (or the parameters of `init_from`'s latest checkpoint
 every `log_every` steps a progress line (step, loss, steps/s, tokens/s, ETA) and a record of
 `metrics.jsonl` and TensorBoard, every `eval_every` steps the loss and accuracy of every evaluation
 set over its first `eval_batches` batches, every `checkpoint_every` steps (and at the end) an orbax
-checkpoint. A workdir with checkpoints resumes from the latest one and, since every batch is a
-function of its step, logs the same losses as an uninterrupted run.
+checkpoint. A workdir with checkpoints resumes from the newest one that reads back completely (a
+damaged newer one is logged and kept aside, `Checkpointer.restore_readable`; none readable raises
+`CheckpointError`) and, since every batch is a function of its step, logs the same losses as an
+uninterrupted run.
+
+No host sync per step: the steps are dispatched back to back and their metrics stay on the device
+until the loop needs them, every `log_every` steps, before a checkpoint save or an evaluation, at
+the end and on SIGTERM; then all of them since the previous read come back at once.
 
 Stops: SIGTERM (during `run`) saves a checkpoint at the end of the current step and returns
-status `"sigterm"`; a non-finite loss or gradient norm returns `"nonfinite"` with the step named
-(the train step skips that update, the metrics are read back after every step, and no checkpoint
-of it is written).
+status `"sigterm"`; a non-finite loss or gradient norm returns `"nonfinite"` naming the first such
+step from the metrics read back (the train step skips that update; the steps after it, dispatched
+before the read, are discarded with the state; metrics are read back before every save, so no
+checkpoint follows a non-finite step).
+
+Logging (python `logging`, logger `seqlab.train.loop`, at INFO): the progress line, evaluations,
+the resume; checkpoints are logged by `seqlab.train.checkpoint`.
 
 Without a workdir, `init_state` / `state_from`, `step` and `evaluate` drive the same compiled
 steps by hand (e.g. fine-tuning loops in `theory/`).
 """
 
+import logging
 import signal
 import time
 
 import jax
 import jax.numpy as jnp
 import optax
-from absl import logging
 from flax import linen as nn
 from jax.sharding import Mesh
 
 from seqlab.ops.checks import check_positive_int
 from seqlab.train import mesh as mesh_lib
-from seqlab.train.checkpoint import Checkpointer, restore_params
+from seqlab.train.checkpoint import Checkpointer, CheckpointError, restore_params
 from seqlab.train.data import Dataset
 from seqlab.train.metrics import MetricsWriter
 from seqlab.train.step import (
@@ -41,6 +51,8 @@ from seqlab.train.step import (
     evaluate_batches,
     jit_steps,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -82,13 +94,15 @@ class Trainer:
         self._train_fn, self._eval_fn = jit_steps(
             model.apply, self.shardings, mesh, sums_fn=batch_sums(model, mesh)
         )
+        # One jitted init per trainer (a bound method jitted per call would compile per call).
+        self._init_fn = jax.jit(self._create, out_shardings=self.shardings)
 
     def _create(self, key: jax.Array) -> TrainState:
         return create_state(self.model, self.tx, key, self.seq_len)
 
     def init_state(self, key: jax.Array) -> TrainState:
         """Step 0: parameters initialized with `key`, a fresh optimizer state, on the mesh."""
-        return jax.jit(self._create, out_shardings=self.shardings)(key)
+        return self._init_fn(key)
 
     def state_from(self, params) -> TrainState:
         """Step 0 at (a copy of) `params` with a fresh optimizer state, on the mesh. The copy
@@ -104,10 +118,14 @@ class Trainer:
         """One update on `train_data.batch(index)`; `state` is donated. Returns the new state and
         the host metrics `loss`, `accuracy`, `grad_norm`, `finite` (when not finite, the state is
         the input's: the update is skipped)."""
+        state, metrics = self._dispatch(state, index)
+        return state, jax.device_get(metrics)
+
+    def _dispatch(self, state: TrainState, index: int) -> tuple[TrainState, dict]:
+        """`step` without the read back: the metrics stay on the device (no host sync)."""
         batch = mesh_lib.place_batch(self.train_data.batch(index), self._batch_sharding)
         with jax.set_mesh(self.mesh):
-            state, metrics = self._train_fn(state, batch)
-        return state, jax.device_get(metrics)
+            return self._train_fn(state, batch)
 
     def evaluate(self, params, num_batches: int) -> dict[str, float]:
         """`eval/[NAME/]loss` and `eval/[NAME/]accuracy` of every evaluation set over its first
@@ -143,7 +161,9 @@ class Trainer:
         `init_from`: a workdir whose latest checkpoint's parameters start a run that has no
         checkpoint of its own (parameters it lacks keep their init). `config`: written to
         `config.json`. Returns `{"status": "done" | "sigterm" | "nonfinite", "step": last step}`.
-        Only process 0 writes metrics; every process writes its checkpoint shards.
+        Raises `CheckpointError` (naming `workdir/checkpoints`) when the workdir has checkpoints
+        but none reads back. Only process 0 writes metrics and renames a damaged checkpoint;
+        every process writes its checkpoint shards.
         """
         for name, value in (
             ("total_steps", total_steps),
@@ -156,14 +176,19 @@ class Trainer:
             check_positive_int(name, value)
         state = self.init_state(jax.random.key(seed))
         ckpt = Checkpointer(f"{workdir}/checkpoints", every=checkpoint_every, keep=keep_checkpoints)
-        resume = ckpt.latest_step()
-        if resume is not None:
-            state = ckpt.restore(state, resume)
-            logging.info("resumed from the checkpoint of step %d", resume)
+        try:
+            restored = ckpt.restore_readable(state)
+        except CheckpointError:
+            ckpt.close()
+            raise
+        resume = None
+        if restored is not None:
+            state, resume = restored
+            log.info("resumed from the checkpoint of step %d", resume)
         elif init_from:
             params, kept = restore_params(f"{init_from}/checkpoints", state.params)
             state = state.replace(params=params)
-            logging.info("parameters from %s; kept at their init: %s", init_from, kept)
+            log.info("parameters from %s; kept at their init: %s", init_from, kept)
         writer = MetricsWriter(workdir, resume_step=resume) if jax.process_index() == 0 else None
         if writer and config is not None:
             writer.write_config(config)
@@ -184,37 +209,45 @@ class Trainer:
         start = int(jax.device_get(state.step))
         progress = _Progress(start, total_steps)
         tokens_per_step = self.train_data.batch(start)["inputs"].size
+        pending = []  # (step done, metrics on the device) not read back yet
         for step in range(start, total_steps):
-            state, metrics = self.step(state, step)
+            state, metrics = self._dispatch(state, step)
             done = step + 1
-            if not metrics["finite"]:
+            pending.append((done, metrics))
+            last = done == total_steps
+            logs, evals = done % log_every == 0 or last, done % eval_every == 0 or last
+            if not (logs or evals or self.stop_requested or done % ckpt.every == 0):
+                continue
+            read, pending = jax.device_get(pending), []
+            bad = next(((i, m) for i, m in read if not m["finite"]), None)
+            if bad is not None:
                 ckpt.wait()
-                logging.error(
+                log.error(
                     "loss %s or gradient norm %s is not finite at step %d; stopping (latest "
                     "checkpoint: step %s)",
-                    metrics["loss"],
-                    metrics["grad_norm"],
-                    done,
+                    bad[1]["loss"],
+                    bad[1]["grad_norm"],
+                    bad[0],
                     ckpt.latest_step(),
                 )
-                return {"status": "nonfinite", "step": done}
-            last = done == total_steps
+                return {"status": "nonfinite", "step": bad[0]}
+            metrics = read[-1][1]
             record = {}
-            if done % log_every == 0 or last:
+            if logs:
                 record = {k: metrics[k] for k in ("loss", "accuracy", "grad_norm")}
                 if self.schedule is not None:
                     record["learning_rate"] = self.schedule(step)
                 progress.log(done, record, tokens_per_step)
-            if done % eval_every == 0 or last:
-                evals = self.evaluate(state.params, eval_batches)
-                record.update(evals)
-                logging.info("step %d %s", done, {k: round(v, 4) for k, v in evals.items()})
+            if evals:
+                results = self.evaluate(state.params, eval_batches)
+                record.update(results)
+                log.info("step %d %s", done, {k: round(v, 4) for k, v in results.items()})
             if record and writer:
                 writer.write(done, record)
             ckpt.save(done, state, force=last or self.stop_requested)
             if self.stop_requested:
                 ckpt.wait()
-                logging.warning("SIGTERM: saved the checkpoint of step %d, exiting", done)
+                log.warning("SIGTERM: saved the checkpoint of step %d, exiting", done)
                 return {"status": "sigterm", "step": done}
         ckpt.wait()
         return {"status": "done", "step": max(start, total_steps)}
@@ -231,7 +264,7 @@ class _Progress:
         now = time.perf_counter()
         rate = (done - self.step_last) / max(now - self.t_last, 1e-9)
         self.t_last, self.step_last = now, done
-        logging.info(
+        log.info(
             "step %d/%d loss %.4f acc %.3f | %.2f steps/s %.0f tokens/s | ETA %.0fs",
             done,
             self.total_steps,

@@ -1,11 +1,14 @@
-"""Tests of `python -m experiments.launch`: every config runs with `runlocal`; sharded training on
-the 4 fake CPU devices matches one device; bad configs fail before compiling; a non-finite loss
-stops the run at its step and keeps the good checkpoint; a run killed with SIGKILL, then stopped
-with SIGTERM, and resumed twice logs exactly the losses of an uninterrupted run."""
+"""Tests of `python -m experiments.launch`: every config runs with `runlocal`; a 20-step lm run
+prints a short log; sharded training on the 4 fake CPU devices matches one device; bad configs
+fail before compiling; a non-finite loss stops the run at its step and keeps the good checkpoint;
+a run killed with SIGKILL, then stopped with SIGTERM, its latest checkpoint damaged, and resumed
+twice logs exactly the losses of an uninterrupted run; a workdir whose checkpoints are all damaged
+exits with a message naming it."""
 
 import importlib
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +21,7 @@ import pytest
 from experiments import launch, plot
 from experiments.configs import lm as lm_config
 from experiments.configs import mqar as mqar_config
-from seqlab.train.checkpoint import Checkpointer
+from seqlab.train.checkpoint import STEP_METADATA, Checkpointer
 from seqlab.train.metrics import read_metrics
 from seqlab.train.step import create_state
 from tests.conftest import assert_close
@@ -70,10 +73,41 @@ def test_mqar_runlocal(tmp_path, model):
     assert (tmp_path / "curves.png").stat().st_size > 0
 
 
-def test_lm_runlocal_bytes(tmp_path):
-    config = lm_config.get_config("runlocal")
-    assert launch.train(config, str(tmp_path / "bytes"))["status"] == "done"
-    _check_run(tmp_path / "bytes", config.total_steps, config.log_every)
+def _others_info(log: str) -> list[str]:
+    """The INFO lines of `log` (absl format, `I...`) not from the project's own loop.py or
+    checkpoint.py: orbax's and jax's, quiet at the default verbosity (their warnings show)."""
+    own = re.compile(r"^I\d{4} [\d:.]+ +\d+ (loop|checkpoint)\.py:\d+\]")
+    return [line for line in log.splitlines() if line[:1] == "I" and not own.match(line)]
+
+
+def _command(workdir, *flags) -> list[str]:
+    return [sys.executable, "-m", "experiments.launch", f"--workdir={workdir}", *flags]
+
+
+def test_lm_runlocal_bytes_from_the_command_line_prints_a_short_log(tmp_path):
+    """20 steps: the progress lines, evaluations and checkpoint lines, under 40 lines in all
+    (orbax's INFO lines, ~190 before, are quiet at the default verbosity); the run is complete.
+    Then every checkpoint damaged: a relaunch exits 1 with a message naming the folder."""
+    workdir = tmp_path / "bytes"
+    command = _command(workdir, "--config=experiments/configs/lm.py:runlocal")
+    done = subprocess.run(
+        [*command, "--config.total_steps=20"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (done.stdout + done.stderr).splitlines()
+    assert len(lines) < 40, "\n".join(lines)
+    assert "step 20/20 loss" in done.stderr and "saved checkpoint of step 20" in done.stderr
+    assert _others_info(done.stderr) == []
+    _check_run(workdir, 20, lm_config.get_config("runlocal").log_every)
+
+    for step_dir in (workdir / "checkpoints").iterdir():
+        (step_dir / STEP_METADATA).write_text("{garbage")
+    done = subprocess.run(
+        [*command, "--config.total_steps=24"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 1
+    assert f"checkpoint error: no checkpoint in {workdir / 'checkpoints'} reads back" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.slow  # the token-file data path itself is tested in tests/train/test_data.py
@@ -179,9 +213,9 @@ _PREEMPT_FLAGS = [
 ]
 
 
-def _launch(workdir) -> subprocess.Popen:
+def _launch(workdir, *flags) -> subprocess.Popen:
     """Start a run; its log goes to `workdir.log` (a pipe nobody reads would fill and block it)."""
-    command = [sys.executable, "-m", "experiments.launch", f"--workdir={workdir}", *_PREEMPT_FLAGS]
+    command = _command(workdir, *_PREEMPT_FLAGS, *flags)
     with open(f"{workdir}.log", "a") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(command, cwd=ROOT, env=os.environ.copy(), stdout=log, stderr=log)
 
@@ -209,7 +243,10 @@ def _signal_after_checkpoint(proc, workdir, sig, after: int, timeout: float = 30
 
 
 def test_sigkill_and_sigterm_then_resume_log_the_losses_of_an_uninterrupted_run(tmp_path):
-    reference = _launch(tmp_path / "reference")
+    """The last resume finds its latest checkpoint truncated: it resumes one interval earlier,
+    replays, and still logs the losses of the reference (run with `--verbosity=1`, which shows
+    orbax's own lines, quiet in the other runs)."""
+    reference = _launch(tmp_path / "reference", "--verbosity=1")
     run = _launch(tmp_path / "run")
     _signal_after_checkpoint(run, tmp_path / "run", signal.SIGKILL, after=0)
     assert run.wait() == -signal.SIGKILL
@@ -221,11 +258,19 @@ def test_sigkill_and_sigterm_then_resume_log_the_losses_of_an_uninterrupted_run(
     assert "SIGTERM: saved the checkpoint of step" in _log(tmp_path / "run")
     stopped_at = read_metrics(tmp_path / "run")[-1]["step"]
     assert _committed(tmp_path / "run")[-1] == stopped_at < TOTAL
+    earlier = _committed(tmp_path / "run")[-2]
 
+    for data in (tmp_path / "run" / "checkpoints" / str(stopped_at)).glob("default/d/*"):
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     run = _launch(tmp_path / "run")
     assert run.wait() == 0 and reference.wait() == 0
+    log = _log(tmp_path / "run")
+    assert f"skipped the damaged checkpoint of step {stopped_at} (ValueError: OUT_OF_RANGE" in log
+    assert f"resumed from the checkpoint of step {earlier}" in log
+    assert (tmp_path / "run" / "checkpoints" / f"{stopped_at}.damaged").is_dir()
     assert _losses(tmp_path / "run") == _losses(tmp_path / "reference")  # exact
     assert [s for s, _ in _losses(tmp_path / "run")] == list(range(1, TOTAL + 1))
+    assert _others_info(log) == [] and len(_others_info(_log(tmp_path / "reference"))) > 10
 
 
 def test_config_error_message_from_the_command_line(tmp_path):

@@ -103,7 +103,14 @@ def _check(module, params, x, draft, cache, exact=True):
     _assert_cache(accepted, _rows(stacked, ACCEPTED), exact=exact)
 
 
-@pytest.mark.parametrize("name", NAMES)
+# KDA, Gated DeltaNet-2 and Gated DeltaProduct extend through the gated delta rule's code
+# (`mixer.extend_qkv`, the same chunked form): their cases are `slow` (about 20 s each on 2 cores).
+SHARED_EXTEND = ("kda", "gdn2", "gdp")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SHARED_EXTEND else n for n in NAMES]
+)
 def test_mixer_extend_and_verify_equal_step(name):
     mixer = _mixer(name, window=WINDOW) if name == "sliding-window" else _mixer(name)
     x, draft = _x((BATCH, T, D_MODEL)), _x((BATCH, N_DRAFT, D_MODEL), seed=1)
