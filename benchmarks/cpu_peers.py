@@ -1,7 +1,7 @@
 """seqlab against its PyTorch peers on CPU: the gated delta rule, SSD and the selective scan,
 forward and forward+backward, float32, with the backward memory of seqlab's paths.
 
-    python benchmarks/cpu_peers.py                  # T in {2048, 8192}
+    python benchmarks/cpu_peers.py                  # T in {2048, 8192} (the Mamba mixer 2048)
     python benchmarks/cpu_peers.py --quick          # tiny smoke run (T = 256)
     python benchmarks/cpu_peers.py --write-results  # also replace the section in RESULTS.md
 
@@ -11,7 +11,8 @@ build of torch), so fla's naive torch functions are loaded from their files
 (`fla/ops/<op>/naive.py`, which import only torch and einops) without running the package.
 
 What is compared (B = 2, H = 8, K = V = 64 by default; seqlab's `impl="recurrent"`,
-`"chunked"` and `None`, the default, all jitted):
+`"chunked"` and `None`, the default, all jitted; on CPU `None` is `"mixed"`: the recurrent
+forward, and under `jax.grad` the chunked form's recomputing derivative):
 
 - gated delta rule, `seqlab.ops.gated_delta_rule`, against transformers'
   `qwen3_next.modeling_qwen3_next.torch_chunk_gated_delta_rule` (with
@@ -318,6 +319,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (T = 256)")
     parser.add_argument("--lengths", default="2048,8192", help="comma-separated T")
+    parser.add_argument("--mamba-lengths", default="2048", help="comma-separated T of the Mamba "
+                        "mixer (HF's slow path: ~1 min per forward+backward at 2048)")  # fmt: skip
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--dim", type=int, default=64, help="K = V")
@@ -331,16 +334,21 @@ def main():
     parser.add_argument("--note", default="", help="a line for RESULTS.md, e.g. the machine's load")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    lengths = (256,) if args.quick else tuple(int(t) for t in args.lengths.split(","))
+    lengths, mamba_lengths = (
+        ((256,),) * 2
+        if args.quick
+        else (tuple(int(t) for t in a.split(",")) for a in (args.lengths, args.mamba_lengths))
+    )
     repeats = 1 if args.quick else args.repeats
     b, h, d = args.batch, args.heads, args.dim
     max_bytes = args.max_bwd_gib * 2**30
     pair = mamba_pair(args.mamba_d_model, args.mamba_d_state)
     d_inner = 2 * args.mamba_d_model
     ops = [
-        # (title, contestants of T, compared gradients, bytes of one float per head and token)
+        # (title, T, contestants of T, compared gradients, bytes of one float per head and token)
         (
             "gated delta rule",
+            lengths,
             lambda t: gated_delta_contestants(b, t, h, d),
             ("q", "k", "v", "g", "beta"),
             lambda t: b * h * t * 2 * d * 4,
@@ -348,6 +356,7 @@ def main():
         ),
         (
             "ssd",
+            lengths,
             lambda t: ssd_contestants(b, t, h, d),
             ("q", "k", "v", "g"),
             lambda t: b * h * t * 2 * d * 4,
@@ -355,6 +364,7 @@ def main():
         ),
         (
             "selective scan (Mamba mixer)",
+            mamba_lengths,
             lambda t: mamba_contestants(b, t, pair),
             ("x",),
             lambda t: b * t * d_inner * 4,
@@ -369,9 +379,9 @@ def main():
     }
     print(f"{cpu_model()}; " + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
     sections = []
-    for title, make, compared, unit, unit_name in ops:
+    for title, op_lengths, make, compared, unit, unit_name in ops:
         rows, memory, checks, names = [], [], [], []
-        for length in lengths:
+        for length in op_lengths:
             contestants = make(length)
             names = [c.name for c in contestants]
             r, m, c = measure(

@@ -5,10 +5,16 @@ Import the helpers with `from tests.conftest import assert_close, tolerance`.
 
 import os
 
-# Must precede the first `import jax` anywhere in the test session.
+# Must precede the first `import jax` anywhere in the test session (and reaches the launcher
+# subprocesses the tests start). The tests check numerics and contracts, not speed (that is
+# `benchmarks/`), and compiling dominates their time: XLA's CPU backend compiles without LLVM's
+# optimizations (the same IEEE arithmetic, no fast-math either way), which took a third off the
+# suite. A level set in XLA_FLAGS comes after this one and wins.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-).strip()
+    "--xla_backend_optimization_level=0 "
+    + os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=4"
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax

@@ -8,6 +8,7 @@ entering the blocks. With `x_n` block n's tokens, `seg_n` their segment index an
 entering it:
 
     primal:    (o, S_T) = form(x, S_0, seg)          the whole sequence at once, no derivative
+                                                     (or another form of the op: `primal`)
     tangent:   (o_n, S_{n+1}), (do_n, dS_{n+1}) = jvp of (S, x_n) -> form(x_n, c_n S, seg_n)
                at (S_n, x_n) along (dS_n, dx_n): one `lax.scan` over the blocks carrying
                (S, dS) from (S_0, dS_0)
@@ -30,6 +31,8 @@ Shapes: inputs `[B, T, HV, ...]` (q/k already repeated to `HV` heads), states `[
 `seg: [B, T]` int; blocked `[n, B, L, ...]` with `n = ceil(T / L)` blocks, time-major for the scan.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -37,7 +40,7 @@ from seqlab.ops import _chunked
 from seqlab.ops.checks import check_positive_int
 
 
-def recomputing(form, chunk_size: int, *, chunks_per_block: int = 1):
+def recomputing(form, chunk_size: int, *, chunks_per_block: int = 1, primal=None):
     """`form` with the chunk-wise recomputing derivative rule (module docstring).
 
     Args:
@@ -47,18 +50,22 @@ def recomputing(form, chunk_size: int, *, chunks_per_block: int = 1):
       chunk_size: the form's chunk size C.
       chunks_per_block: M, the chunks recomputed together per step of the derivative's scan
         (the transients of M chunks live at once; fewer, larger steps).
+      primal: the function that computes the values without a derivative, another form of the
+        same op with `form`'s signature (`"mixed"`: the recurrent scan); `form` by default.
 
     Returns:
-      `f(q, k, v, *gates, state, seg) -> (o: [B, T, HV, V], final: [B, HV, K, V])`, `form` itself
+      `f(q, k, v, *gates, state, seg) -> (o: [B, T, HV, V], final: [B, HV, K, V])`, `primal`
       without a derivative, differentiable (forward and reverse mode) in every floating input.
     """
     check_positive_int("chunk_size", chunk_size)
     check_positive_int("chunks_per_block", chunks_per_block)
     block = chunk_size * chunks_per_block
 
+    primal = form if primal is None else primal
+
     @jax.custom_jvp
     def f(*args):
-        return form(*args)
+        return primal(*args)
 
     @f.defjvp
     def f_jvp(primals, tangents):
@@ -90,11 +97,26 @@ def recomputing(form, chunk_size: int, *, chunks_per_block: int = 1):
     return f
 
 
-def chunked(form, chunk_size: int, state_every: int | None):
-    """An op's `"chunked"` form as `_chunked.run` takes it: `form` (built with `state_every`)
-    with the recomputing derivative, or `form` itself when it returns prefix states (those are
-    read off the whole-sequence pass's chunk boundaries)."""
-    return form if state_every is not None else recomputing(form, chunk_size)
+def select(impl: str, token_step, form, chunk_size: int, state_every: int | None):
+    """The form `_chunked.run` runs for an op's XLA `impl`.
+
+    Args:
+      impl: `"recurrent"` (the token-by-token scan of `token_step`), `"chunked"` (`form` with the
+        recomputing derivative) or `"mixed"` (the recurrent scan without a derivative, `form`'s
+        recomputing derivative under one: the faster of each pass on CPU).
+      token_step: the op's `token_step(state, x_t) -> (state, o_t)` (`_chunked.recurrent`).
+      form: the op's chunked form, built with `state_every`.
+      chunk_size: `form`'s chunk size.
+      state_every: N or None. With N, `"chunked"` is `form` itself, whose prefix states are read
+        off the whole-sequence pass's chunk boundaries (`"mixed"` is refused before this:
+        `_chunked.resolve_with_states`).
+    """
+    recurrent = functools.partial(_chunked.recurrent, token_step, state_every=state_every)
+    if impl == "recurrent":
+        return recurrent
+    if state_every is not None:
+        return form
+    return recomputing(form, chunk_size, primal=recurrent if impl == "mixed" else None)
 
 
 def _blocked(x: jax.Array, block: int, *, edge: bool = False) -> jax.Array:

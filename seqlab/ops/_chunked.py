@@ -34,7 +34,7 @@ from seqlab.ops.checks import (
     check_shape,
 )
 
-IMPLS = (None, "recurrent", "chunked", "pallas_tpu", "pallas_gpu", "pallas")
+IMPLS = (None, "recurrent", "chunked", "mixed", "pallas_tpu", "pallas_gpu", "pallas")
 PALLAS_IMPLS = ("pallas_tpu", "pallas_gpu", "pallas")
 
 # The XLA paths are the oracles (and the fallback on accelerators until the kernels land): keep
@@ -124,10 +124,11 @@ def resolve_with_states(impl, state_every, chunk_size: int, *, steps_per_token: 
     """
     check_positive_int("state_every", state_every)
     check_choice("impl", impl, IMPLS)
-    if impl in PALLAS_IMPLS:
+    if impl in (*PALLAS_IMPLS, "mixed"):
         raise NotImplementedError(
-            f"impl={impl!r} with state_every: the Pallas kernels return only the final state, not"
-            " the states every N tokens; use impl='chunked' or 'recurrent' (or impl=None)"
+            f"impl={impl!r} with state_every: only 'chunked' and 'recurrent' return the states"
+            " every N tokens (the Pallas kernels return only the final state); use one of them"
+            " (or impl=None)"
         )
     impl = "chunked" if impl is None else impl
     steps = state_every * steps_per_token
@@ -144,11 +145,13 @@ def resolve_with_states(impl, state_every, chunk_size: int, *, steps_per_token: 
 def check_impl(impl, *, kernels: bool = False) -> str:
     """Resolve `impl`.
 
-    `None` is the target platform's Pallas kernel on TPU and Hopper GPUs when the op has
-    `kernels`, else `"chunked"`; `"pallas"` is the platform's kernel (`"pallas_tpu"` on CPU, which
+    `None` is the target platform's Pallas kernel on TPU and Hopper GPUs when the op has `kernels`,
+    `"mixed"` on CPU (where the recurrent forward is the faster forward and the chunked derivative
+    the faster derivative, in every case `benchmarks/gated_delta_cpu.py` and `delta_family_cpu.py`
+    measured), else `"chunked"`; `"pallas"` is the platform's kernel (`"pallas_tpu"` on CPU, which
     then runs in interpret mode). The target platform is that of the mesh set with `jax.set_mesh`
-    (so a step traced for abstract TPU devices from a CPU process, as `seqlab.train.aot` does,
-    gets the TPU kernel), else `jax.default_backend()`. Ops without kernels raise
+    (so a step traced for abstract TPU devices from a CPU process, as `seqlab.train.aot` does, gets
+    the TPU kernel), else `jax.default_backend()`. Ops without kernels raise
     `NotImplementedError` for Pallas names.
     """
     check_choice("impl", impl, IMPLS)
@@ -161,7 +164,9 @@ def check_impl(impl, *, kernels: bool = False) -> str:
     if impl == "pallas":
         return platform_kernel or "pallas_tpu"
     if impl is None:
-        return platform_kernel if kernels and _has_kernel_hardware(platform) else "chunked"
+        if kernels and _has_kernel_hardware(platform):
+            return platform_kernel
+        return "mixed" if platform == "cpu" else "chunked"
     return impl
 
 

@@ -60,8 +60,10 @@ def gated_delta_rule(
       segment_ids: `[B, T]` int, packed documents: the state restarts from zero at every change of
         id along t; the final state is that of each row's last segment.
       impl: None (auto: the platform's Pallas kernel on TPU and Hopper GPUs where it takes the
-        inputs, else `"chunked"`; `resolve_impl` says which), `"recurrent"` (token-by-token
-        `lax.scan`), `"chunked"` (WY form in XLA), `"pallas_tpu"` (Mosaic TPU kernel),
+        inputs, `"mixed"` on CPU, else `"chunked"`; `resolve_impl` says which), `"recurrent"`
+        (token-by-token `lax.scan`), `"chunked"` (WY form in XLA), `"mixed"` (`"recurrent"`'s values
+        without a derivative, `"chunked"`'s chunk-wise recomputing derivative under one: on CPU the
+        faster of each pass, `seqlab.ops._chunk_vjp.select`), `"pallas_tpu"` (Mosaic TPU kernel),
         `"pallas_gpu"` (Mosaic GPU kernel, Hopper), `"pallas"` (the current platform's kernel;
         on CPU the TPU kernel in interpret mode). The Pallas impls take float32 or bfloat16
         inputs and `chunk_size` a multiple of 16 (the GPU kernel: 64 or 128, and K <= 128),
@@ -107,11 +109,9 @@ def gated_delta_rule(
             interpret=interpret,
         )  # fmt: skip
         return o, final if output_final_state else None
-    if impl == "recurrent":
-        form = functools.partial(_chunked.recurrent, _token_step, state_every=state_every)
-    elif impl == "chunked":
+    if impl != "pallas_gpu":
         form = functools.partial(_chunked_form, chunk_size=chunk_size, state_every=state_every)
-        form = _chunk_vjp.chunked(form, chunk_size, state_every)
+        form = _chunk_vjp.select(impl, _token_step, form, chunk_size, state_every)
     else:  # pallas_gpu: the chunked form with the kernel's state pass, per shard under a mesh
         form = functools.partial(
             _pallas_gpu, chunk_size=chunk_size, block_sizes=block_sizes, interpret=interpret
@@ -125,8 +125,8 @@ def resolve_impl(impl: str | None, dtype, dk: int, dv: int, chunk_size: int) -> 
     widths `K = dk`, `V = dv` and `chunk_size`.
 
     `None` is the platform's kernel on TPU and Hopper GPUs where that kernel takes these inputs
-    (`kernels.gated_delta.api.unsupported`), else `"chunked"`; an explicit kernel name that
-    cannot run them raises `NotImplementedError` with the reason, never falls back.
+    (`kernels.gated_delta.api.unsupported`), `"mixed"` on CPU, else `"chunked"`; an explicit kernel
+    name that cannot run them raises `NotImplementedError` with the reason, never falls back.
     """
     resolved = _chunked.check_impl(impl, kernels=True)
     if resolved not in ("pallas_tpu", "pallas_gpu"):

@@ -56,7 +56,7 @@ def gated_delta_product(
       chunk_size: steps of the expanded sequence (`T * n` long) per chunk.
       segment_ids: `[B, T]` int, packed documents: the state restarts at every change.
       impl: `"recurrent"` (token by token), or any impl of `gated_delta_rule` (None, `"chunked"`,
-        `"pallas_tpu"`, `"pallas_gpu"`, `"pallas"`), run on the expanded sequence.
+        `"mixed"`, `"pallas_tpu"`, `"pallas_gpu"`, `"pallas"`), run on the expanded sequence.
       state_every: N, a positive int, to also return the states every N tokens (N counts
         tokens, not writes), as in `seqlab.ops.gated_delta_rule`: `"recurrent"` or `"chunked"`
         (also for `impl=None`; `N * n` must be a multiple of `chunk_size`); the Pallas names

@@ -51,8 +51,9 @@ def gdn2(
       output_final_state: also return the state after the last token.
       chunk_size: tokens per chunk of `"chunked"` (any positive int).
       segment_ids: `[B, T]` int, packed documents: the state restarts from zero at every change.
-      impl: None or `"chunked"` (WY form), `"recurrent"` (token by token). There is no Pallas
-        kernel: Pallas names raise `NotImplementedError`.
+      impl: None (`"mixed"` on CPU, else `"chunked"`), `"chunked"` (WY form), `"recurrent"`
+        (token by token), `"mixed"` (`"recurrent"`'s values, `"chunked"`'s derivative). There is
+        no Pallas kernel: Pallas names raise `NotImplementedError`.
       state_every: N, a positive int, to also return the states every N tokens, as in
         `seqlab.ops.gated_delta_rule` (`"chunked"` needs N a multiple of `chunk_size`).
 
@@ -71,14 +72,11 @@ def gdn2(
     else:
         impl = _chunked.resolve_with_states(impl, state_every, chunk_size)
     scale = dk**-0.5 if scale is None else scale
-    if impl == "recurrent":
-        form = functools.partial(_chunked.recurrent, _token_step, state_every=state_every)
-    else:
-        form = functools.partial(
-            _delta.chunked_form, _erase_write, chunk_size, _chunked.scan_chunk_states,
-            state_every=state_every,
-        )  # fmt: skip
-        form = _chunk_vjp.chunked(form, chunk_size, state_every)
+    form = functools.partial(
+        _delta.chunked_form, _erase_write, chunk_size, _chunked.scan_chunk_states,
+        state_every=state_every,
+    )  # fmt: skip
+    form = _chunk_vjp.select(impl, _token_step, form, chunk_size, state_every)
     xs = (q, k, v, g, b, w)
     return _chunked.run(form, xs, initial_state, segment_ids, output_final_state, scale=scale)
 

@@ -60,7 +60,8 @@ def kda(
       chunk_size: tokens per chunk (any positive int for `"chunked"`; a multiple of 16 for the
         kernel).
       segment_ids: `[B, T]` int, packed documents: the state restarts from zero at every change.
-      impl: None (the TPU kernel on TPU, else `"chunked"`), `"recurrent"`, `"chunked"`,
+      impl: None (the TPU kernel on TPU, `"mixed"` on CPU, else `"chunked"`), `"recurrent"`,
+        `"chunked"`, `"mixed"` (`"recurrent"`'s values, `"chunked"`'s derivative),
         `"pallas_tpu"` (the Mosaic TPU kernel: float32 or bfloat16 inputs), `"pallas"` (the TPU
         kernel; on CPU in interpret mode). There is no GPU kernel: `"pallas_gpu"`, and
         `"pallas"` on a GPU, raise `NotImplementedError`.
@@ -89,14 +90,11 @@ def kda(
             interpret=interpret,
         )  # fmt: skip
         return o, final if output_final_state else None
-    if impl == "recurrent":
-        form = functools.partial(_chunked.recurrent, _token_step, state_every=state_every)
-    else:
-        form = functools.partial(
-            _delta.chunked_form, _delta.beta_write, chunk_size, _chunked.scan_chunk_states,
-            state_every=state_every,
-        )  # fmt: skip
-        form = _chunk_vjp.chunked(form, chunk_size, state_every)
+    form = functools.partial(
+        _delta.chunked_form, _delta.beta_write, chunk_size, _chunked.scan_chunk_states,
+        state_every=state_every,
+    )  # fmt: skip
+    form = _chunk_vjp.select(impl, _token_step, form, chunk_size, state_every)
     xs = (q, k, v, g, beta)
     return _chunked.run(form, xs, initial_state, segment_ids, output_final_state, scale=scale)
 
@@ -104,12 +102,12 @@ def kda(
 def resolve_impl(impl: str | None, dtype, chunk_size: int) -> str:
     """The implementation `kda(..., impl=impl)` runs for q/k/v of `dtype` and `chunk_size`.
 
-    `None` is the TPU kernel on TPU where it takes the inputs, else `"chunked"`; a kernel name
+    `None` is the TPU kernel on TPU where it takes the inputs, `"mixed"` on CPU, else `"chunked"`
+    (`_chunked.check_impl`); a kernel name
     that cannot run them raises `NotImplementedError` with the reason, never falls back."""
-    platform = _chunked.target_platform()
     resolved = _chunked.check_impl(impl, kernels=True)
-    if impl is None:
-        resolved = "pallas_tpu" if platform == "tpu" else "chunked"
+    if impl is None and resolved == "pallas_gpu":
+        resolved = "chunked"
     if resolved == "pallas_gpu":
         raise NotImplementedError(
             f"impl={impl!r}: kda has no GPU kernel; use impl='chunked' or impl=None"

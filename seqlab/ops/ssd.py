@@ -48,8 +48,9 @@ def ssd(
         (zeros by default; with packed documents, before the first one), returned after the last
         token when asked; tokens per chunk of `"chunked"` (T need not be a multiple); `[B, T]`
         int ids of packed documents, the state restarting from zero at every change of id.
-      impl: None (auto: `"chunked"` on every platform for now), `"recurrent"` (token-by-token
-        `lax.scan`), `"chunked"` (SSD form in XLA). `"pallas_tpu"`, `"pallas_gpu"` and `"pallas"`
+      impl: None (auto: `"mixed"` on CPU, else `"chunked"`), `"recurrent"` (token-by-token
+        `lax.scan`), `"chunked"` (SSD form in XLA), `"mixed"` (`"recurrent"`'s values, `"chunked"`'s
+        derivative: `seqlab.ops._chunk_vjp.select`). `"pallas_tpu"`, `"pallas_gpu"` and `"pallas"`
         raise `NotImplementedError`: the kernels are not implemented yet.
       state_every: N, a positive int, to also return the states every N tokens (a prefix cache
         to resume from); as in `seqlab.ops.gated_delta_rule` (`"chunked"` needs N a multiple of
@@ -68,11 +69,8 @@ def ssd(
         impl = _chunked.check_impl(impl)
     else:
         impl = _chunked.resolve_with_states(impl, state_every, chunk_size)
-    if impl == "recurrent":
-        form = functools.partial(_chunked.recurrent, _token_step, state_every=state_every)
-    else:
-        form = functools.partial(_chunked_form, chunk_size=chunk_size, state_every=state_every)
-        form = _chunk_vjp.chunked(form, chunk_size, state_every)
+    form = functools.partial(_chunked_form, chunk_size=chunk_size, state_every=state_every)
+    form = _chunk_vjp.select(impl, _token_step, form, chunk_size, state_every)
     return _chunked.run(form, (q, k, v, g), initial_state, segment_ids, output_final_state)
 
 

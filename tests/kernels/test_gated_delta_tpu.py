@@ -133,7 +133,7 @@ def test_export_of_the_public_op_for_cuda_contains_the_gpu_kernels():
     assert [c.count("mosaic_gpu_v2") for c in calls] == [1, 2]
 
 
-@pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
+@pytest.mark.parametrize("axis_type", ["Explicit", pytest.param("Auto", marks=pytest.mark.slow)])
 def test_sharded_over_data_and_heads_matches_unsharded(axis_type):
     axis_types = (getattr(jax.sharding.AxisType, axis_type),) * 2
     mesh = jax.make_mesh((2, 2), ("data", "heads"), axis_types, devices=jax.devices()[:4])

@@ -60,6 +60,7 @@ MIXERS = {
     "attention": (Attention, dict(num_heads=4, num_kv_heads=2, qk_norm=True), attention),
     "sliding-window": (Attention, dict(num_heads=2, window=3), attention),
 }
+FAMILY = ("kda", "gdn2", "gdp")
 RECURRENT = (
     "mamba",
     "mamba-polar-mixed",
@@ -87,7 +88,11 @@ def _params(name: str):
     return jax.jit(_mixer(name).init)(jax.random.key(1), _x())
 
 
-@pytest.mark.parametrize("name", MIXERS)
+# The delta family's mixers decode token by token against a float64 numpy loop in
+# `test_delta_family.py`; their rows here run with -m slow.
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in FAMILY else n for n in MIXERS]
+)
 def test_step_equals_call_token_by_token(name):
     mixer, params, x = _mixer(name), _params(name), _x()
     decoded = jax.jit(functools.partial(mixers.decode, mixer))(params, x)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 
 from seqlab.ops.gated_delta import gated_delta_rule, gated_delta_rule_step
@@ -268,6 +269,25 @@ class Recurrence:
     def inputs(self, seed, b, t, h, hv, dk, dv, dtype, **kw):
         """`make_inputs` with `H = HV` for an op without grouped heads."""
         return self.make_inputs(seed, b, t, h if self.grouped else hv, hv, dk, dv, dtype, **kw)
+
+
+# The delta family beyond the gated delta rule. Their chunked forms share `seqlab.ops._delta` with
+# the gated delta rule, whose row runs every contract in the default run; the family's rows of the
+# contract matrix run with -m slow (`family_slow`), while their float64 comparison with packed
+# documents, float32 comparison, decoding steps and bad inputs (`test_recurrences.py`), their
+# brute-force numpy and trained-like checks (`test_delta_family.py`) stay in the default run.
+FAMILY = ("kda", "gdn2", "gated_delta_product")
+
+
+def family_slow(params):
+    """`params` (`pytest.param`s whose first value is a `Recurrence`) with the rows of `FAMILY`
+    marked slow."""
+    return [
+        pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.slow])
+        if p.values[0].name in FAMILY
+        else p
+        for p in params
+    ]
 
 
 RECURRENCES = (

@@ -6,7 +6,8 @@ token-by-token reference, with packed documents (one starting exactly on a chunk
 boundary, others inside a chunk), T not a multiple of the chunk, T below one chunk and exactly one
 chunk, one and two chunks per block; forward mode equals the plain form's; trained-like inputs
 (correlated keys, write strengths near 1, strong gates); the compiled gradient keeps fewer
-temporary bytes than the plain form's; a bad `chunks_per_block` raises.
+temporary bytes than the plain form's; a bad `chunks_per_block` raises. `impl="mixed"` (what
+`impl=None` runs on CPU) has the recurrent values and the chunked derivative.
 """
 
 import functools
@@ -22,7 +23,8 @@ from seqlab.ops.ssd import _chunked_form as ssd_chunked_form
 from seqlab.ops.ssd import _token_step as ssd_token_step
 from tests.conftest import assert_close
 from tests.ops import trained_like
-from tests.ops.recurrences import inputs, kda_inputs, segment_rows, ssd_inputs
+from tests.ops.recurrences import RECURRENCES, inputs, kda_inputs, segment_rows, ssd_inputs
+from tests.ops.recurrences import forward_and_grads as rec_forward_and_grads
 
 CHUNK, LENGTH, SCALE = 4, 21, 0.3
 # Row 0: documents start at t = 8 (a chunk boundary, and a block boundary of two chunks) and at
@@ -191,3 +193,59 @@ def test_gradient_keeps_fewer_temporary_bytes():
 def test_bad_chunks_per_block_raises(bad):
     with pytest.raises(ValueError, match="chunks_per_block"):
         _chunk_vjp.recomputing(OPS["ssd"][1], CHUNK, chunks_per_block=bad)
+
+
+# ----------------------------------------------------------------- "mixed": impl=None on CPU
+
+PUBLIC = {rec.name: rec for rec in RECURRENCES}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gated_delta_rule",
+        "ssd",
+        *(pytest.param(n, marks=pytest.mark.slow) for n in ("kda", "gdn2")),
+    ],
+)
+def test_mixed_is_the_recurrent_values_and_the_chunked_derivative(name):
+    """`impl="mixed"` on float64 inputs with packed documents: without a derivative its values are
+    `"recurrent"`'s, bit for bit; under `jax.grad` its values and gradients are `"chunked"`'s (the
+    same computation), and both agree with the reference."""
+    rec = PUBLIC[name]
+    x = rec.inputs(0, 2, LENGTH, 1, 2, 4, 3, jnp.float64)
+    op = functools.partial(
+        rec.op, chunk_size=CHUNK, segment_ids=segment_rows(DOCUMENTS), **rec.options
+    )
+
+    def values(impl):
+        return jax.jit(lambda x: op(**x, impl=impl, output_final_state=True))(x)
+
+    for got, want in zip(values("mixed"), values("recurrent"), strict=True):
+        np.testing.assert_array_equal(got, want)
+    mixed = rec_forward_and_grads(functools.partial(op, impl="mixed"), x)
+    chunked = rec_forward_and_grads(functools.partial(op, impl="chunked"), x)
+    assert_close(mixed, chunked, jnp.float64)
+    assert_close(
+        mixed, rec_forward_and_grads(functools.partial(op, impl="recurrent"), x), jnp.float64
+    )
+
+
+def test_impl_none_resolves_by_platform(monkeypatch):
+    """`None` is `"mixed"` on CPU, `"chunked"` on a GPU without the kernel (not Hopper) and for
+    ops without kernels on TPU, and `"chunked"` with `state_every`, where `"mixed"` is refused."""
+    platform = {"name": "cpu"}
+    monkeypatch.setattr(_chunked, "target_platform", lambda: platform["name"])
+    monkeypatch.setattr(_chunked, "_has_kernel_hardware", lambda p: p == "tpu")
+    assert _chunked.check_impl(None) == "mixed"
+    assert _chunked.check_impl(None, kernels=True) == "mixed"
+    assert gated_delta.resolve_impl(None, jnp.float32, 64, 64, 64) == "mixed"
+    assert _chunked.check_impl("chunked") == "chunked"
+    assert _chunked.resolve_with_states(None, 8, 4) == "chunked"
+    with pytest.raises(NotImplementedError, match="impl='mixed' with state_every"):
+        _chunked.resolve_with_states("mixed", 8, 4)
+    platform["name"] = "gpu"
+    assert _chunked.check_impl(None, kernels=True) == "chunked"
+    platform["name"] = "tpu"
+    assert _chunked.check_impl(None) == "chunked"
+    assert _chunked.check_impl(None, kernels=True) == "pallas_tpu"

@@ -145,7 +145,7 @@ def test_product_with_one_write_is_the_gated_delta_rule():
 # ------------------------------------------------------------------------------ extreme gates
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.float64, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("op", ["kda", "gdn2"])
 def test_cumulative_log_gates_down_to_minus_1e4_in_a_chunk(op, dtype):
     """Half the key channels decay by -300 per token (cumulative -9600 over 32 tokens, -1.9e4

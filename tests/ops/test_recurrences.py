@@ -6,7 +6,9 @@
 gates; inert padding; grouped heads; the decoding step token by token; causality; dtypes; backward
 memory without per-token states; a split run equals one run; packed segments equal separate
 documents; no gradient crosses a segment; bad inputs raise `ValueError` naming the argument from
-shapes and dtypes alone."""
+shapes and dtypes alone. The rows of kda, gdn2 and gated_delta_product (`recurrences.FAMILY`) run
+their float64 comparison with packed documents, float32, decoding steps and bad inputs by default,
+the rest of the matrix with -m slow (`recurrences.family_slow`)."""
 
 import functools
 
@@ -18,10 +20,12 @@ import pytest
 from tests.conftest import assert_close, tolerance
 from tests.ops.recurrences import (
     CHUNK_SIZES,
+    FAMILY,
     RECURRENCES,
     abstract,
     assert_all_close,
     documents,
+    family_slow,
     forward_and_grads,
     jitted,
     segment_rows,
@@ -53,15 +57,15 @@ def assert_fast_matches_reference(rec, impl, x, dtype, chunk, *, segment_ids=Non
 # Every T once (1, around the chunk, several chunks) and every chunk size once; packed segments
 # with a reset inside a chunk at T = 65. The full cross-product is slow-marked below. The
 # delta-rule family's rows (the chunked core of the gated delta rule, `seqlab.ops._delta`, which
-# the gated_delta_rule row covers on every case) run the whole-chunk and long cases with -m slow.
+# the gated_delta_rule row covers on every case) run the packed-segments case by default, the
+# others with -m slow.
 LENGTHS = [(1, 16, None), (63, 32, None), (64, 64, None), (65, 64, [[21, 44]]), (300, 128, None)]
-FAMILY = ("kda", "gdn2", "gated_delta_product")
 
 
 def float64_cases():
     for rec, impl in (p.values for p in FAST):
         for t, chunk, lengths in LENGTHS:
-            slow = rec.name in FAMILY and chunk in (64, 128) and lengths is None
+            slow = rec.name in FAMILY and lengths is None
             yield pytest.param(
                 rec, impl, t, chunk, lengths, id=f"{rec.name}-{impl}-{t}-{chunk}",
                 marks=[pytest.mark.slow] if slow else [],
@@ -114,7 +118,7 @@ def test_fast_matches_reference_full(rec, impl, t, chunk, dtype, initial_state):
     assert_fast_matches_reference(rec, impl, x, dtype, chunk, tol=tol)
 
 
-@pytest.mark.parametrize(("rec", "impl"), FAST)
+@pytest.mark.parametrize(("rec", "impl"), family_slow(FAST))
 def test_extreme_gates_finite_and_correct(rec, impl):
     """Half the gates exactly 0, the others summing to -80 within each 64-token chunk."""
     x = rec.inputs(7, 1, 128, 1, 2, 8, 4, jnp.float32)
@@ -130,7 +134,7 @@ def test_extreme_gates_finite_and_correct(rec, impl):
     assert_all_close(got, want, jnp.float32)
 
 
-@pytest.mark.parametrize(("rec", "impl"), FAST)
+@pytest.mark.parametrize(("rec", "impl"), family_slow(FAST))
 def test_padding_is_inert(rec, impl):
     """T = 40 in chunks of 32 equals the same tokens followed by 24 explicit inert tokens."""
     x = rec.inputs(6, 1, 40, 1, 1, 4, 3, jnp.float64)
@@ -169,7 +173,7 @@ def test_step_equals_forward(rec, impl):
     assert_close(state, s)
 
 
-@pytest.mark.parametrize("rec", OPS)
+@pytest.mark.parametrize("rec", family_slow(OPS))
 def test_gradient_causality(rec):
     """The output at t = 40 does not depend on any input after it (chunk 32: mid-chunk)."""
     x = rec.inputs(13, 1, 70, 1, 1, 4, 3, jnp.float64)
@@ -183,7 +187,7 @@ def test_gradient_causality(rec):
         assert np.any(grads[arg][:, :41] != 0), arg
 
 
-@pytest.mark.parametrize("rec", OPS)
+@pytest.mark.parametrize("rec", family_slow(OPS))
 def test_split_run_equals_one_run(rec):
     x = rec.inputs(8, 2, 80, 1, 2, 4, 3, jnp.float64)
     run = jitted(rec.op, chunk_size=32)
@@ -198,7 +202,7 @@ def test_split_run_equals_one_run(rec):
 # ---------------------------------------------------------------------------------- segments
 
 
-@pytest.mark.parametrize(("rec", "impl"), IMPLS)
+@pytest.mark.parametrize(("rec", "impl"), family_slow(IMPLS))
 def test_packed_segments_equal_separate_documents(rec, impl):
     lengths = [[30, 30, 30], [60, 30]]
     x = rec.inputs(9, 2, 90, 1, 2, 4, 3, jnp.float64)
@@ -212,7 +216,7 @@ def test_packed_segments_equal_separate_documents(rec, impl):
             assert_close(s[row : row + 1], s_doc)
 
 
-@pytest.mark.parametrize("rec", OPS)
+@pytest.mark.parametrize("rec", family_slow(OPS))
 def test_gradients_do_not_leak_across_segments(rec):
     """A loss on the middle document's outputs has exactly zero gradient outside that document."""
     seg = segment_rows([[30, 30, 30]])
@@ -233,7 +237,7 @@ def test_gradients_do_not_leak_across_segments(rec):
 # ------------------------------------------------------------------------ dtypes and memory
 
 
-@pytest.mark.parametrize(("rec", "impl"), IMPLS)
+@pytest.mark.parametrize(("rec", "impl"), family_slow(IMPLS))
 def test_dtypes(rec, impl):
     """bfloat16 in: output in v.dtype, state float32; float64 in: both float64; the decoding
     step likewise; no final state unless asked."""
@@ -246,7 +250,7 @@ def test_dtypes(rec, impl):
     assert jax.eval_shape(functools.partial(rec.op, impl=impl), **x)[1] is None
 
 
-@pytest.mark.parametrize(("rec", "impl"), FAST)
+@pytest.mark.parametrize(("rec", "impl"), family_slow(FAST))
 def test_backward_memory_does_not_store_per_token_states(rec, impl):
     """The compiled forward+backward grows by less than half a float32 [K, V] state per token
     (per write: Gated DeltaProduct writes several per token)."""

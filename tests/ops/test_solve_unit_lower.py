@@ -27,7 +27,10 @@ def erase_matrix(c: int, cosine: float, beta: float, dtype, seed: int = 0):
     return jnp.asarray(beta * np.einsum("bik,bjk->bij", k, k), dtype)
 
 
-@pytest.mark.parametrize("c", [1, 5, 16, 20, 37, 64])
+# Below one block, one block and a part, the default chunk; one block and other sizes: -m slow.
+@pytest.mark.parametrize(
+    "c", [5, 20, 64, *(pytest.param(c, marks=pytest.mark.slow) for c in (1, 16, 37))]
+)
 def test_values_and_derivatives_match_lapack_float64(c):
     rng = np.random.default_rng(c)
     a = jnp.asarray(rng.normal(size=(2, c, c)) / np.sqrt(c))

@@ -16,7 +16,7 @@ import pytest
 
 from seqlab.ops import selective_scan
 from tests.conftest import assert_close
-from tests.ops.recurrences import RECURRENCES, segment_rows
+from tests.ops.recurrences import RECURRENCES, family_slow, segment_rows
 from tests.ops.trained_like import correlated_keys
 
 EVERY, CHUNK, LENGTH = 8, 4, 21  # two states, and five tokens after the last one
@@ -51,7 +51,7 @@ def _run(name, impl, state_every):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("rec", OPS)
+@pytest.mark.parametrize("rec", family_slow(OPS))
 def test_states_and_resume_equal_full_run(rec, impl):
     """With packed documents; float64 (float32 in `test_gradients_through_states`)."""
     x = make_inputs(rec, jnp.float64)
@@ -95,7 +95,7 @@ def test_trained_like_inputs_float32():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("rec", OPS)
+@pytest.mark.parametrize("rec", family_slow(OPS))
 def test_gradients_through_states(rec, impl, dtype):
     x = make_inputs(rec, dtype)
     weights = jnp.asarray(np.random.default_rng(1).normal(size=(2, 2, 2, 4, 3)), dtype)
@@ -129,7 +129,7 @@ def grad_through_prefixes(name):
     return jax.jit(jax.grad(loss))
 
 
-@pytest.mark.parametrize("rec", OPS)
+@pytest.mark.parametrize("rec", family_slow(OPS))
 def test_auto_impl_is_chunked_and_states_may_be_empty(rec):
     x = make_inputs(rec, jnp.float64)
     assert_close(run(rec, None, EVERY)(**x), run(rec, "chunked", EVERY)(**x))
