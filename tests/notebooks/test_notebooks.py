@@ -18,7 +18,14 @@ MIN_FIGURES = {
 }
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+# The two that take longest (25-40 s each on 2 cores) run with -m slow; their claims are also
+# asserted in tests/theory.
+SLOW = ("metastability.ipynb", "coordinated_sampling.ipynb")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NOTEBOOKS]
+)
 def test_notebook_executes(name):
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), (
