@@ -8,8 +8,8 @@ import os
 # Must precede the first `import jax` anywhere in the test session (and reaches the launcher
 # subprocesses the tests start). The tests check numerics and contracts, not speed (that is
 # `benchmarks/`), and compiling dominates their time: XLA's CPU backend compiles without LLVM's
-# optimizations (the same IEEE arithmetic, no fast-math either way), which took a third off the
-# suite. A level set in XLA_FLAGS comes after this one and wins.
+# optimizations (the same IEEE arithmetic, no fast-math either way): tests/modules/test_mixers.py
+# took 40 s instead of 69. A level set in XLA_FLAGS comes after this one and wins.
 os.environ["XLA_FLAGS"] = (
     "--xla_backend_optimization_level=0 "
     + os.environ.get("XLA_FLAGS", "")
