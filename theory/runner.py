@@ -38,6 +38,7 @@ FIELDS = (
     "expected",
     "verdict",
     "seconds",
+    "figures",  # paths relative to the report folder
 )
 README_DIR = pathlib.Path(__file__).parent  # holds theory/<paper>/README.md
 
@@ -161,7 +162,8 @@ def _counts(records: Sequence[dict]) -> str:
 
 
 def write_report(records: Sequence[dict], out_dir: pathlib.Path, *, full: bool) -> None:
-    """Write `claims.json` (the fields of DESIGN.md 3.5 and the summary) and `report.md`.
+    """Write `claims.json` (the fields of DESIGN.md 3.5, the summary and the figures) and
+    `report.md`.
 
     The report groups the claims by kind (the papers' results first), with a table per kind and,
     per claim, its statement, what is expected, the measured summary and the figures; the whole

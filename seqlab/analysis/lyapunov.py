@@ -39,8 +39,10 @@ import jax.numpy as jnp
 from seqlab.ops.checks import check_choice, check_floating, check_positive_int, check_shape
 
 METHODS = ("euler", "rk4")
+"""The time steppers of a discretized flow (`method=`)."""
 
 VectorField = Callable[[jax.Array, jax.Array], jax.Array]
+"""`f(t, x) -> dx/dt`, the right-hand side of an ODE."""
 
 
 def step(f: VectorField, t: jax.Array, x: jax.Array, dt: jax.Array, method: str) -> jax.Array:

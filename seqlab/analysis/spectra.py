@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from seqlab.ops.checks import check_floating, check_shape
 
 WEIGHT_NAMES = ("wq", "wk", "wv", "wo", "w1", "w2")
+"""The weight matrices of a transformer layer that `spectra` measures."""
 
 
 def product_eigenvalues(a: jax.Array, b: jax.Array) -> jax.Array:

@@ -1,10 +1,14 @@
-"""The continuous-time limit of Mamba's token dynamics (Vo et al., arXiv 2410.03292; DESIGN.md 3.3).
+r"""The continuous-time limit of Mamba's token dynamics (Vo et al., arXiv 2410.03292; DESIGN 3.3).
 
 A Mamba layer with `A^d = -a_d I` (one decay rate per channel), Euler input discretization and no
 convolution, gate or skip maps tokens `x: [L, D]` to
 
-    y_l = sum_{j<=l} (x_l^T M x_j) diag(dt_j * exp(-a * sum_{k=j+1..l} dt_k)) x_j,
-    dt_j = softplus(S_delta x_j + delta_bias),   M = S_C^T S_B.
+$$
+y_l = \sum_{j \le l} (x_l^\top M x_j)\,
+  \operatorname{diag}\Big(\Delta_j\, e^{-a \sum_{k=j+1}^{l} \Delta_k}\Big)\, x_j,
+\qquad \Delta_j = \operatorname{softplus}(S_\Delta x_j + \delta_{\mathrm{bias}}),
+\qquad M = S_C^\top S_B.
+$$
 
 Stacking such layers as a residual flow `x <- x + tau * y` with shared weights and letting the
 step `tau -> 0` gives the ODE `dx/dt = vector_field(x)`, depth playing the role of time. The system

@@ -1,14 +1,17 @@
-"""Self-attention as interacting particles on the sphere (Geshkovski et al.; Bruno, Pasqualotto,
+r"""Self-attention as interacting particles on the sphere (Geshkovski et al.; Bruno, Pasqualotto,
 Agazzi, arXiv 2410.23228; DESIGN.md 3.3).
 
 `n` tokens `x_i` on the unit sphere `S^{d-1}` move by
 
-    dx_i/dt = P_{x_i}( sum_j w_ij V x_j ),   w_ij = exp(beta <Q x_i, K x_j>) / Z_i,
-    P_x y = y - <x, y> x,
+$$
+\frac{dx_i}{dt} = P_{x_i}\Big(\sum_j w_{ij} V x_j\Big), \qquad
+w_{ij} = \frac{e^{\beta \langle Q x_i, K x_j \rangle}}{Z_i}, \qquad
+P_x y = y - \langle x, y \rangle x,
+$$
 
-with `Z_i = sum_j exp(beta <Q x_i, K x_j>)` (SA, softmax-normalized, `normalized=True`) or
-`Z_i = n` (USA, unnormalized). `Q = K = V = I` is the paper's setting. On the circle (`d = 2`,
-`x = (cos theta, sin theta)`) USA reads
+with $Z_i = \sum_j e^{\beta \langle Q x_i, K x_j \rangle}$ (SA, softmax-normalized,
+`normalized=True`) or $Z_i = n$ (USA, unnormalized). `Q = K = V = I` is the paper's setting.
+On the circle (`d = 2`, `x = (cos theta, sin theta)`) USA reads
 `dtheta_i/dt = -(1/n) sum_j exp(beta cos(theta_i - theta_j)) sin(theta_i - theta_j)`.
 
 USA with `Q = K = V = I` is the gradient flow ascending the interaction energy
@@ -18,8 +21,12 @@ USA with `Q = K = V = I` is the gradient flow ascending the interaction energy
 
 Linearized at the uniform measure, the degree-`k` spherical harmonics grow at (Funk-Hecke)
 
-    USA: lambda_k = k (k + d - 2) 2^{d/2-1} Gamma(d/2) beta^{-d/2} I_{k+d/2-1}(beta),
-    SA:  lambda_k = k (k + d - 2) I_{k+d/2-1}(beta) / (beta I_{d/2-1}(beta)),
+$$
+\text{USA: } \lambda_k = k (k + d - 2)\, 2^{d/2-1}\, \Gamma(d/2)\,
+  \beta^{-d/2}\, I_{k+d/2-1}(\beta),
+\qquad
+\text{SA: } \lambda_k = \frac{k (k + d - 2)\, I_{k+d/2-1}(\beta)}{\beta\, I_{d/2-1}(\beta)},
+$$
 
 (`d = 2`: `k^2 I_k(beta) / beta`, divided by `I_0(beta)` for SA). Both have the same argmax over
 `k`, `dominant_mode(beta, d)`: the number of clusters that emerge on the circle.
@@ -48,6 +55,7 @@ import scipy.special
 from seqlab.ops.checks import check_choice, check_floating, check_positive_int, check_shape
 
 METHODS = ("euler", "rk4")
+"""The time steppers of the flow (`method=`)."""
 
 
 class Trajectory(NamedTuple):

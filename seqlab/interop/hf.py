@@ -33,6 +33,7 @@ from seqlab.interop.rules import Architecture, Rule, fields, mixer_fields
 from seqlab.modules.lm import LanguageModel, param_shapes
 
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (MAMBA, MAMBA2, QWEN3_NEXT)}
+"""The Hugging Face `architectures` names seqlab reads and writes -> their conversion rules."""
 TIED_HEAD = "lm_head.weight"  # stored by some checkpoints of tied models, equal to the embedding
 
 

@@ -55,7 +55,9 @@ MIXERS = {
     "a": "global causal Attention",
     "s": "sliding-window Attention",
 }
+"""Pattern letter -> the mixer a `LanguageModel` block runs for it."""
 MLPS = {"d": "SwiGLU (d_ff)", "e": "mixture of experts (moe)", "-": "no MLP"}
+"""MLP letter (after a mixer letter in a pattern) -> the block's MLP."""
 
 
 class LanguageModel(nn.Module):
@@ -417,6 +419,8 @@ PRESETS: dict[str, dict] = {
         attention=_TINY_ATTENTION,
     ),
 }
+"""Preset name -> `LanguageModel` fields (`preset(name)` builds it; `python -m seqlab.modules.lm`
+prints their parameter counts)."""
 
 
 def preset(name: str, **overrides) -> LanguageModel:

@@ -11,7 +11,9 @@ import jax
 import jax.numpy as jnp
 
 SIGN_CONSTRAINTS = (None, "pos", "neg", "mixed")
-LAMBDA_FLOOR = 0.7  # |lambda| = softplus(theta) + 0.7, as in the token-dynamics authors' code
+"""The values of `Mamba(sign_constraint=...)`: none, or the sign of the token-dynamics matrix."""
+LAMBDA_FLOOR = 0.7
+"""`|lambda| = softplus(theta) + LAMBDA_FLOOR`, as in the token-dynamics authors' code."""
 
 
 def polarized_state_matrix(learned: jax.Array, polarize: tuple[int, int], zero_A: float):

@@ -204,7 +204,8 @@ class ODETransformer(_TiedLM):
     `vector_field(t, x: [B, T, D]) -> dx/dt: [B, T, D]`; `readout(x) -> logits`.
 
     Attributes:
-      vocab_size, d_model, num_heads (head width `d_model // num_heads`, even), d_ff.
+      vocab_size, d_model, d_ff: the sizes of the vocabulary, the residual stream and the MLP.
+      num_heads: attention heads, of width `d_model // num_heads` (even).
       num_steps: default Euler step count on `[0, 1]` (`dt = 1 / num_steps`).
       time_features: `n`, the number of frequencies of `e(t)` (`2 n + 1` features).
       hidden: width of every time network `h(t)`, the number of `A_j` per weight.

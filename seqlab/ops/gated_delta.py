@@ -1,22 +1,32 @@
-"""The gated delta rule (Gated DeltaNet; Yang, Kautz, Hatamizadeh, arXiv 2412.06464).
+r"""The gated delta rule (Gated DeltaNet; Yang, Kautz, Hatamizadeh, arXiv 2412.06464).
 
 Per value head, a state `S: [K, V]` decays, then takes a delta-rule write, then is read:
 
-    S_t = exp(g_t) S_{t-1}
-    S_t = S_t + k_t (beta_t (v_t - S_t^T k_t))^T
-    o_t = S_t^T (scale q_t)
+$$
+S_t = e^{g_t} S_{t-1}, \qquad
+S_t \leftarrow S_t + k_t \big(\beta_t (v_t - S_t^\top k_t)\big)^\top, \qquad
+o_t = S_t^\top (\mathrm{scale}\; q_t)
+$$
 
 `"recurrent"` runs this token by token (the definition of correct). `"chunked"` is the WY / UT
 form of `seqlab.ops._delta` (shared with KDA and Gated DeltaNet-2): within a chunk of C tokens
-with chunk-local cumulative log-gate `gamma` and
-`Gamma_ij = exp(gamma_i - gamma_j)` (i >= j),
+with chunk-local cumulative log-gate $\gamma$ and $\Gamma_{ij} = e^{\gamma_i - \gamma_j}$
+($i \ge j$; $\odot$ is the elementwise product),
 
-    A = (I + strict_lower(diag(beta) (K K^T * Gamma)))^{-1}
-    u = A (beta v),  w = A (beta exp(gamma) k)
-    v_new = u - w S,   o = scale [(q exp(gamma)) S + ((q k^T) * Gamma) v_new]
-    S' = exp(gamma_C) S + (k exp(gamma_C - gamma))^T v_new
+$$
+A = \big(I + \operatorname{strict\_lower}(
+  \operatorname{diag}(\beta) (K K^\top \odot \Gamma))\big)^{-1},
+\qquad u = A (\beta v), \qquad w = A (\beta e^{\gamma} k)
+$$
 
-so that only the state passing `S -> S'` is sequential (over T / C chunks).
+$$
+v_{\mathrm{new}} = u - w S, \qquad
+o = \mathrm{scale}\, \big[(q e^{\gamma}) S
+  + ((q k^\top) \odot \Gamma)\, v_{\mathrm{new}}\big], \qquad
+S' = e^{\gamma_C} S + (k\, e^{\gamma_C - \gamma})^\top v_{\mathrm{new}}
+$$
+
+so that only the state passing $S \to S'$ is sequential (over T / C chunks).
 """
 
 import functools

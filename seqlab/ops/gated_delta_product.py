@@ -1,12 +1,15 @@
-"""Gated DeltaProduct (Siems et al., "DeltaProduct", arXiv 2502.10297): `n` delta-rule steps
+r"""Gated DeltaProduct (Siems et al., "DeltaProduct", arXiv 2502.10297): `n` delta-rule steps
 (Householder products) per token after one scalar decay.
 
 Per value head, a state `S: [K, V]`; per token t, with its n keys, values and write strengths
 at rows `t * n + j` of `k, v, beta`:
 
-    S = exp(g_t) S
-    S = S + k_j (beta_j (v_j - S^T k_j))^T       for j = t n, ..., t n + n - 1
-    o_t = S^T (scale q_t)
+$$
+S \leftarrow e^{g_t} S, \qquad
+S \leftarrow S + k_j \big(\beta_j (v_j - S^\top k_j)\big)^\top
+  \ \text{ for } j = t n, \dots, t n + n - 1,
+\qquad o_t = S^\top (\mathrm{scale}\; q_t)
+$$
 
 `"recurrent"` runs this token by token (the definition of correct). Every other impl is the gated
 delta rule (`seqlab.ops.gated_delta_rule`, with its chunked form and its Pallas kernels) on the

@@ -1,11 +1,14 @@
-"""Gated DeltaNet-2: the delta rule with a decay and an erase gate per key channel and a write
+r"""Gated DeltaNet-2: the delta rule with a decay and an erase gate per key channel and a write
 gate per value channel.
 
-Per head, a state `S: [K, V]`:
+Per head, a state `S: [K, V]`, with `g_t: [K]` log-decays (<= 0), `b_t: [K]` the erase gate
+and `w_t: [V]` the write gate:
 
-    S_t = Diag(exp(g_t)) S_{t-1}                       g_t: [K] log-decays (<= 0)
-    S_t = S_t + k_t (w_t * v_t - S_t^T (b_t * k_t))^T  b_t: [K] erase gate, w_t: [V] write gate
-    o_t = S_t^T (scale q_t)
+$$
+S_t = \operatorname{Diag}(e^{g_t}) S_{t-1}, \qquad
+S_t \leftarrow S_t + k_t \big(w_t \odot v_t - S_t^\top (b_t \odot k_t)\big)^\top, \qquad
+o_t = S_t^\top (\mathrm{scale}\; q_t)
+$$
 
 With `b_t = beta_t` and `w_t = beta_t` on every channel this is KDA (`seqlab.ops.kda`), and with
 a scalar decay too the gated delta rule. `"recurrent"` runs it token by token (the definition of

@@ -1,11 +1,13 @@
-"""Kimi Delta Attention (KDA; Kimi Team, "Kimi Linear", arXiv 2510.26692): the gated delta rule
+r"""Kimi Delta Attention (KDA; Kimi Team, "Kimi Linear", arXiv 2510.26692): the gated delta rule
 with a decay per key channel.
 
-Per value head, a state `S: [K, V]`:
+Per value head, a state `S: [K, V]`, with `g_t: [K]` log-decays (<= 0):
 
-    S_t = Diag(exp(g_t)) S_{t-1}                   g_t: [K] log-decays (<= 0)
-    S_t = S_t + k_t (beta_t (v_t - S_t^T k_t))^T
-    o_t = S_t^T (scale q_t)
+$$
+S_t = \operatorname{Diag}(e^{g_t}) S_{t-1}, \qquad
+S_t \leftarrow S_t + k_t \big(\beta_t (v_t - S_t^\top k_t)\big)^\top, \qquad
+o_t = S_t^\top (\mathrm{scale}\; q_t)
+$$
 
 `"recurrent"` runs this token by token (the definition of correct); `"chunked"` is the WY form of
 `seqlab.ops._delta` with per-channel decays, whose intra-chunk products go through sub-chunk
@@ -13,9 +15,9 @@ reference tokens so that it stays finite for cumulative log-gates down to any va
 `"pallas_tpu"` is the Mosaic TPU kernel of `seqlab.kernels.kda` (forward and backward).
 
 `kda_gate` is Kimi Linear's gate law from a projection `x: [..., HV, K]`:
-`g = -exp(A_log) * softplus(x + dt_bias)`, or with a `lower_bound` `g = lower_bound *
-sigmoid(exp(A_log) * (x + dt_bias))`, bounded in `(lower_bound, 0)` (flash-linear-attention's
-`safe_gate`, which Kimi's released configs use).
+$g = -e^{A_{\log}} \operatorname{softplus}(x + b_{dt})$, or with a `lower_bound` $\ell$,
+$g = \ell\, \sigma\big(e^{A_{\log}} (x + b_{dt})\big)$, bounded in `(lower_bound, 0)`
+(flash-linear-attention's `safe_gate`, which Kimi's released configs use).
 """
 
 import functools

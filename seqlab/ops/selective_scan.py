@@ -1,10 +1,17 @@
-"""Mamba-1 selective scan: a diagonal, input-dependent linear recurrence per channel and state.
+r"""Mamba-1 selective scan: a diagonal, input-dependent linear recurrence per channel and state.
 
 For every batch `b`, channel `d` and state `n` (time `t = 0..L-1`, `h_{-1} = initial_state`):
 
-    dt_t = softplus(delta_t + delta_bias)      if delta_softplus, else delta_t (+ delta_bias)
-    h_t  = exp(dt_t * A[d, n]) * h_{t-1} + dt_t * B_t[n] * u_t
-    y_t  = sum_n h_t[n] * C_t[n] + D[d] * u_t,   then y_t *= silu(z_t) when z is given.
+$$
+\Delta_t = \operatorname{softplus}(\delta_t + \delta_{\mathrm{bias}})
+\ \text{(if delta\_softplus, else } \delta_t + \delta_{\mathrm{bias}}), \qquad
+h_t[n] = e^{\Delta_t A_{dn}}\, h_{t-1}[n] + \Delta_t\, B_t[n]\, u_t
+$$
+
+$$
+y_t = \sum_n h_t[n]\, C_t[n] + D_d\, u_t,
+\quad \text{then } y_t \leftarrow y_t \operatorname{silu}(z_t) \text{ when z is given.}
+$$
 
 Two implementations of the recurrence share the discretization and the output epilogue:
 
@@ -43,6 +50,7 @@ from seqlab.ops.checks import (
 )
 
 IMPLS = ("sequential", "parallel")
+"""The values of `selective_scan(impl=...)` besides None."""
 # Tokens per chunk of the parallel path. On CPU (L=4096, D=256, N=16, batch 2) the forward time
 # hardly depends on it and the backward was fastest at 8, then 16, then 64; 16 halves the saved
 # states of 8. Not yet measured on accelerators, where longer chunks mean fewer serial steps.

@@ -1,4 +1,4 @@
-"""Sequence (context) parallelism of the recurrent ops, the short convolution and attention.
+r"""Sequence (context) parallelism of the recurrent ops, the short convolution and attention.
 
 The functions named like the ops of `seqlab.ops` run on one piece of the sequence inside
 `jax.shard_map`: the mesh axis `axis_name` splits the time axis (axis 1) of every per-token
@@ -13,7 +13,9 @@ Linear recurrences (`gated_delta_rule`, `kda`, `gdn2`, `gated_delta_product`, `s
 `selective_scan`). Every token maps the state affinely, so a shard's whole piece is one affine
 map of the state entering it:
 
-    S_end,i = A_i S_in,i + B_i
+$$
+S_{\mathrm{end},i} = A_i\, S_{\mathrm{in},i} + B_i
+$$
 
 with `A_i: [K, K]` per value head acting on the left of `S: [K, V]` for the delta family,
 `A_i = a_i I` (a scalar per head) for SSD, and `A_i: [D, N]` acting elementwise on `h: [D, N]`
@@ -517,6 +519,8 @@ LAYOUTS = {
     "causal_conv1d": _Layout(causal_conv1d, ops.causal_conv1d, ("x",), ("return_final_state",)),
     "attention": _Layout(attention, ops.attention, ("q", "k", "v"), ("window", "scale")),
 }
+"""Op name -> how `shard_time` splits its arguments: the per-piece op, the global op, the arguments
+with a time axis and the static ones."""
 # Ops whose result is always `(out, final_state or None)`; the others return a tuple only with
 # `return_final_state`.
 _PAIRS = ("gated_delta_rule", "kda", "gdn2", "gated_delta_product", "ssd")

@@ -1,17 +1,21 @@
-"""State space duality (Mamba-2; Dao and Gu, arXiv 2405.21060), in the multi-head layout.
+r"""State space duality (Mamba-2; Dao and Gu, arXiv 2405.21060), in the multi-head layout.
 
 Per value head, a state `S: [K, V]` decays and takes an outer-product write, then is read:
 
-    S_t = exp(g_t) S_{t-1} + k_t v_t^T,        o_t = S_t^T q_t
+$$
+S_t = e^{g_t} S_{t-1} + k_t v_t^\top, \qquad o_t = S_t^\top q_t
+$$
 
 In Mamba-2's names: `q = C`, `k = B` (`H = n_groups` heads), `v = x * dt`, `g = A * dt`.
 `"recurrent"` runs this token by token. `"chunked"` is the SSD form: within a chunk with
-chunk-local cumulative log-gate `gamma` and `Gamma_ij = exp(gamma_i - gamma_j)` (i >= j),
+chunk-local cumulative log-gate $\gamma$ and $\Gamma_{ij} = e^{\gamma_i - \gamma_j}$ ($i \ge j$),
 
-    o = (q exp(gamma)) S + ((q k^T) * Gamma) v
+$$
+o = (q e^{\gamma}) S + ((q k^\top) \odot \Gamma)\, v
+$$
 
-and the state entering the next chunk, `S' = exp(gamma_C) S + (k exp(gamma_C - gamma))^T v`, is
-the only sequential step (over T / C chunks): the gated delta rule's state pass with `v_new = v`
+and the state entering the next chunk, $S' = e^{\gamma_C} S + (k\, e^{\gamma_C - \gamma})^\top v$,
+is the only sequential step (over T / C chunks): the gated delta rule's state pass with `v_new = v`
 (`seqlab.ops._chunked.scan_chunk_states`).
 """
 

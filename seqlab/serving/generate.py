@@ -32,6 +32,7 @@ from seqlab.ops.checks import check_choice, check_positive_int, check_shape
 from seqlab.serving.sampling import check_sampling, row_keys, sample
 
 PADDINGS = ("right", "left")
+"""Which side of a batch of prompts of different lengths holds the padding."""
 
 
 class Generation(NamedTuple):

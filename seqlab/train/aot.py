@@ -23,13 +23,14 @@ from seqlab.train import mesh as mesh_lib
 from seqlab.train.step import batch_sums, check_sequence_parallel, create_state, jit_steps
 
 GiB = 1 << 30
-# HBM per chip by `device_kind` (Google Cloud TPU documentation, "TPU versions").
+"""Bytes in a gibibyte."""
 HBM_BYTES = {
     "TPU v4": 32 * GiB,
     "TPU v5 lite": 16 * GiB,  # v5e
     "TPU v5": 95 * GiB,  # v5p
     "TPU v6 lite": 32 * GiB,  # v6e (Trillium)
 }
+"""HBM bytes per chip by `device_kind` (Google Cloud TPU documentation, "TPU versions")."""
 # What the TPU compiler says when a program does not fit in HBM.
 _OUT_OF_MEMORY = re.compile(r"RESOURCE_EXHAUSTED|Ran out of memory|exceeds the memory", re.I)
 # A Mosaic kernel in the compiled HLO, and the scoped memory the compiler gave it (space 1: VMEM).

@@ -75,6 +75,7 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def all_steps(self) -> list[int]:
+        """The steps of every committed checkpoint, oldest first."""
         return sorted(self._manager.all_steps())
 
     def save(self, step: int, state, *, force: bool = False) -> bool:

@@ -58,5 +58,6 @@ class MetricsWriter:
                 self._tb.add_scalar(name, value, step)
 
     def close(self) -> None:
+        """Flush and close the JSON-lines file and the TensorBoard writer."""
         self._file.close()
         self._tb.close()

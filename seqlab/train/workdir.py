@@ -17,6 +17,7 @@ from seqlab.train.metrics import CONFIG
 from seqlab.train.models import LM, build_model
 
 CHECKPOINTS = "checkpoints"
+"""The folder of a workdir that holds its checkpoints."""
 
 
 def model_config(workdir) -> ml_collections.ConfigDict:

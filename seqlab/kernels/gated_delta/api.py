@@ -18,8 +18,11 @@ from jax.sharding import PartitionSpec as P
 from seqlab.kernels.gated_delta import pallas_gpu, vjp
 
 BATCH_AXES = ("data", "fsdp")
+"""Mesh axes that split the batch of the kernels' inputs (the names present in the mesh)."""
 HEAD_AXES = ("heads",)
+"""Mesh axes that split the heads of the kernels' inputs."""
 INPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+"""The dtypes of q, k, v that the kernels take."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -81,11 +81,11 @@ def _check(q, k, v, gamma, beta, seg, h0, chunk: int) -> None:
 def chunked_scan(q, k, v, gamma, beta, seg, h0, *, block_sizes: BlockSizes, interpret: bool):
     """Run the KDA TPU kernels, under `shard_map` when a mesh is set.
 
-    Args: the kernel contract of README.md: `q, k, gamma: [B, H, T, K]` (q pre-scaled, heads
-      expanded, T a multiple of `block_sizes.chunk`; gamma float32, the chunk-local inclusive
-      cumsum of the log-gates), `v: [B, H, T, V]` (q/k/v float32 or bfloat16),
-      `beta: [B, H, N, C]`, `seg: [B, N, C]` (chunk-local segment counter), `h0: [B, H, K, V]`,
-      all float32.
+    The arguments are the kernel contract of README.md: `q, k, gamma: [B, H, T, K]` (q
+    pre-scaled, heads expanded, T a multiple of `block_sizes.chunk`; gamma float32, the
+    chunk-local inclusive cumsum of the log-gates), `v: [B, H, T, V]` (q/k/v float32 or
+    bfloat16), `beta: [B, H, N, C]`, `seg: [B, N, C]` (chunk-local segment counter),
+    `h0: [B, H, K, V]`, all float32.
     Returns: `(o [B, H, T, V] in v.dtype, h_final [B, H, K, V] float32)`, differentiable in q, k,
       v, gamma, beta and h0.
     Raises: `NotImplementedError` for dtypes the kernels cannot take (float64).

@@ -47,6 +47,8 @@ class Dataset:
     stream: int
 
     def batch(self, step: int) -> Batch:
+        """The batch of `step`: a function of (seed, stream, step) alone, so a resumed run reads
+        the same batches."""
         return self.make(batch_rng(self.seed, self.stream, step), step)
 
 
@@ -115,6 +117,7 @@ DATASETS = {
     "bytes": _bytes,
     "tokens": _tokens,
 }
+"""`data.name` -> the function building its train and eval `Dataset`s from the config block."""
 
 
 def vocab_size(data) -> int:

@@ -1,0 +1,2 @@
+"""The documentation site: `python -m docs.build` (the site), `python -m docs.notebooks` (the
+notebooks executed and committed with their outputs)."""
