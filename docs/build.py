@@ -372,6 +372,14 @@ def _target(obj: griffe.Object | griffe.Alias):
         return None
 
 
+def _load() -> griffe.ModulesCollection:
+    """seqlab as griffe reads it (the model mkdocstrings renders), aliases resolved."""
+    loader = griffe.GriffeLoader(search_paths=[str(ROOT)])
+    loader.load("seqlab")
+    loader.resolve_aliases(implicit=False, external=False)
+    return loader.modules_collection
+
+
 def _shadowed(module: griffe.Module, name: str) -> bool:
     """Whether `module`'s own function or class `name` is what its package exports as `name`."""
     member = module.members.get(name)
@@ -391,12 +399,10 @@ def undocumented(packages=DOCUMENTED) -> list[str]:
     """The public names of `packages` without a docstring: each exported name, the public
     members of an exported module, and the methods a public class defines itself (`HOOKS`
     aside)."""
-    loader = griffe.GriffeLoader(search_paths=[str(ROOT)])
-    loader.load("seqlab")
-    loader.resolve_aliases(implicit=False, external=False)
+    collection = _load()
     missing = []
     for package in packages:
-        module = loader.modules_collection[package]
+        module = collection[package]
         for name in _exports(module):
             obj = module.members.get(name)
             if obj is None:
@@ -421,21 +427,16 @@ def undocumented(packages=DOCUMENTED) -> list[str]:
 def api_pages() -> list:
     """A page per package of `API`: its docstring, then per defining module its docstring (where
     the equations are) and the names it exports."""
-    loader = griffe.GriffeLoader(search_paths=[str(ROOT)])
-    loader.load("seqlab")
-    loader.resolve_aliases(implicit=False, external=False)
+    collection = _load()
     nav = []
     for package in API:
-        module = loader.modules_collection[package]
+        module = collection[package]
         md = []
-        if package in CONTRACTS:
+        if package in CONTRACTS:  # the contract is the page's title and first part
             readme = CONTRACTS[package]
             md += [with_assets(readme.read_text().strip(), readme.parent), ""]
-            md += [f"## `{package}`", "", f"::: {package}", "    options:", "      members: false"]
-            md += ["      show_root_heading: false", ""]
-        else:
-            md += [f"# `{package}`", "", f"::: {package}", "    options:", "      members: false"]
-            md += ["      show_root_heading: false", ""]
+        md += [f"{'##' if package in CONTRACTS else '#'} `{package}`", "", f"::: {package}"]
+        md += ["    options:", "      members: false", "      show_root_heading: false", ""]
         # Defining module -> the paths to render of the names it exports; a name that shadows
         # its module (`seqlab.ops.kda` is a function of `seqlab.ops.kda`, which griffe resolves
         # to the module) is rendered by its full path, and the module's heading takes its id.

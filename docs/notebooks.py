@@ -25,6 +25,8 @@ KERNEL_ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_l
 # Printed numbers compare to this relative tolerance: XLA:CPU vectorizes reductions by the host's
 # vector width, so another CPU model may round the last digits of a float32 sum differently.
 RTOL = 1e-4
+CHECKOUT = re.compile(r"/[^\s'\"<>]*?/(?=(?:seqlab|theory|experiments|notebooks|docs)/)")
+SITE_PACKAGES = re.compile(r"/[^\s'\"<>]*/site-packages/")
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
@@ -58,8 +60,8 @@ def execute(path: pathlib.Path, timeout: int = 300) -> nbformat.NotebookNode:
 
 def texts(nb: nbformat.NotebookNode) -> list[list[str]]:
     """Per code cell, its outputs as text: streams, `text/plain` results, errors, and one line
-    `<image/png>` per image (images are compared by existence, not by pixels). The checkout's
-    path, which warnings print, reads `<repo>`."""
+    `<image/png>` per image (images are compared by existence, not by pixels). Absolute paths,
+    which warnings print, lose the checkout's and the environment's folders."""
     cells = []
     for cell in nb.cells:
         if cell.cell_type != "code":
@@ -76,8 +78,15 @@ def texts(nb: nbformat.NotebookNode) -> list[list[str]]:
                     out.append("<image/png>")
                 elif "text/plain" in data:
                     out.append(f"result: {data['text/plain']}")
-        cells.append([text.replace(str(ROOT), "<repo>") for text in out])
+        cells.append([_relative_paths(text) for text in out])
     return cells
+
+
+def _relative_paths(text: str) -> str:
+    """`text` with `/any/checkout/theory/x.py` as `<repo>/theory/x.py` and
+    `/any/venv/.../site-packages/jax/x.py` as `<site-packages>/jax/x.py`."""
+    text = SITE_PACKAGES.sub("<site-packages>/", text)
+    return CHECKOUT.sub("<repo>/", text)
 
 
 def _same(committed: str, fresh: str) -> bool:

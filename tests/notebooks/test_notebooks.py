@@ -65,6 +65,11 @@ def test_stale_outputs_are_found():
     assert notebooks.stale_outputs(nb, variant("rates: [0.5    0.4464]\n", image=False))
     assert notebooks.stale_outputs(nb, variant("rates: [0.5    0.4464 1.]\n"))
     assert notebooks.stale_outputs(nb, variant("speeds: [0.5    0.4464]\n"))
+    # Warnings print absolute paths, which differ between checkouts and environments.
+    warn = "/{}/theory/m.py:152: RuntimeWarning: overflow\n/{}/site-packages/jax/x.py:1: W\n"
+    nb.cells[0].outputs[0].text = warn.format("work/main", "work/main/.venv/lib/python3.11")
+    assert not notebooks.stale_outputs(nb, variant(warn.format("tmp/t1/p", "usr/lib/python3.12")))
+    assert notebooks.stale_outputs(nb, variant(warn.format("tmp/t1/p", "x").replace("152", "153")))
 
 
 def test_every_paper_has_a_notebook():

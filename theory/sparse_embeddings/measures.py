@@ -15,6 +15,7 @@ on the union of two supports, so no `[n, d]` or `[n, m]` array is ever built.
 
 import functools
 import math
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -139,7 +140,7 @@ def needed_dimension(ms, fractions, target: float = 0.99) -> float:
     rate `1 - fraction` lies in `[(1 - target) / 5, 5 (1 - target)]` (a local fit: it smooths the
     binomial noise of single points without assuming the rate's exponent `b`) and solves it for
     `1 - target`. Returns `nan` when fewer than two points are in that range or the fitted rate
-    does not fall with `m`.
+    does not fall with `m`, and `inf` when it falls too slowly for the answer to be a float.
     """
     ms, fail = np.asarray(ms, float), 1 - np.asarray(fractions, float)
     goal = 1 - target
@@ -149,7 +150,8 @@ def needed_dimension(ms, fractions, target: float = 0.99) -> float:
     b, a = np.polyfit(np.log(ms[keep]), np.log(fail[keep]), 1)
     if b >= 0:
         return math.nan
-    return float(np.exp((math.log(goal) - a) / b))
+    log_m = (math.log(goal) - a) / b
+    return math.exp(log_m) if log_m < math.log(sys.float_info.max) else math.inf
 
 
 def loglog_slope(xs, ys) -> float:
