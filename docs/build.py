@@ -218,18 +218,9 @@ def report_info(report: pathlib.Path) -> dict:
     """How the report in `report` was made: this build's `run.json`, else its report.md title."""
     if (report / "run.json").is_file():
         return json.loads((report / "run.json").read_text())
-    title = (
-        (report / "report.md").read_text().splitlines()[0]
-        if (report / "report.md").is_file()
-        else ""
-    )
-    size = (
-        "paper size"
-        if "paper size" in title
-        else "quick size"
-        if "quick size" in title
-        else "size not recorded"
-    )
+    report_md = report / "report.md"
+    title = report_md.read_text().split("\n", 1)[0] if report_md.is_file() else ""
+    size = next((s for s in ("paper size", "quick size") if s in title), "size not recorded")
     return dict(size=size, date=None)
 
 
