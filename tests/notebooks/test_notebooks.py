@@ -43,7 +43,7 @@ def test_notebook_executes_to_its_committed_outputs(name):
 
 def test_stale_outputs_are_found():
     """The comparison itself: a changed number, a missing figure and extra text are stale; the
-    last digits of a float and numpy's column padding are not."""
+    last digits of a float, rounding errors and numpy's column padding are not."""
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("print(x)")
     cell.outputs = [
@@ -60,12 +60,16 @@ def test_stale_outputs_are_found():
         return other
 
     assert notebooks.stale_outputs(nb, variant("rates: [0.5    0.4464]\n")) == []
-    assert notebooks.stale_outputs(nb, variant("rates: [0.50000001 0.4464]\n")) == []
-    assert notebooks.stale_outputs(nb, variant("rates: [0.5    0.4465]\n"))
+    assert notebooks.stale_outputs(nb, variant("rates: [0.5001 0.4464]\n")) == []
+    assert notebooks.stale_outputs(nb, variant("rates: [0.5    0.4474]\n"))
+    assert notebooks.stale_outputs(nb, variant("rates: [0.5    4e-7]\n"))  # 0.4464 is not tiny
     assert notebooks.stale_outputs(nb, variant("rates: [0.5    0.4464]\n", image=False))
     assert notebooks.stale_outputs(nb, variant("rates: [0.5    0.4464 1.]\n"))
     assert notebooks.stale_outputs(nb, variant("speeds: [0.5    0.4464]\n"))
     # Warnings print absolute paths, which differ between checkouts and environments.
+    tiny = "error 2.0122792321330962e-16\n"
+    nb.cells[0].outputs[0].text = tiny
+    assert notebooks.stale_outputs(nb, variant("error 4.440892098500626e-16\n")) == []
     warn = "/{}/theory/m.py:152: RuntimeWarning: overflow\n/{}/site-packages/jax/x.py:1: W\n"
     nb.cells[0].outputs[0].text = warn.format("work/main", "work/main/.venv/lib/python3.11")
     assert not notebooks.stale_outputs(nb, variant(warn.format("tmp/t1/p", "usr/lib/python3.12")))
