@@ -39,7 +39,7 @@ from mkdocs.config import load_config
 from mkdocs.exceptions import Abort
 from nbconvert import MarkdownExporter
 
-from theory import registry
+from theory import registry, runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "docs" / "mkdocs.yml"
@@ -189,7 +189,7 @@ def run_theory(out: pathlib.Path, jobs: int) -> pathlib.Path:
         records += json.loads((out / paper / "claims.json").read_text())
         shutil.copytree(out / paper / "figures", out / "figures", dirs_exist_ok=True)
     (out / "claims.json").write_text(json.dumps(records, indent=2) + "\n")
-    (out / "run.json").write_text(json.dumps(run_info("quick size", jobs)) + "\n")
+    (out / "run.json").write_text(json.dumps(run_info(jobs)) + "\n")
     return out
 
 
@@ -202,10 +202,11 @@ def _recorded_seconds(paper: str) -> float:
     return -float(found[1]) if found else 0.0
 
 
-def run_info(size: str, jobs: int | None) -> dict:
+def run_info(jobs: int) -> dict:
+    """How this build ran the claims (at quick size, `jobs` processes), for `run.json`."""
     versions = {m: importlib.metadata.version(m) for m in ("jax", "jaxlib", "numpy", "scipy")}
     return dict(
-        size=size,
+        size="quick size",
         date=datetime.date.today().isoformat(),
         python=platform.python_version(),
         versions=versions,
@@ -239,11 +240,6 @@ def _claims_table(records: list[dict], link: bool) -> list[str]:
             f"| {claim} | {r['paper']} | {r['kind']} | **{r['verdict']}** | {_text(r['summary'])} |"
         )
     return md
-
-
-def _counts(records: list[dict]) -> str:
-    n = {v: sum(r["verdict"] == v for r in records) for v in registry.VERDICTS}
-    return ", ".join(f"{v} {k}" for k, v in n.items() if v)
 
 
 def _run_line(info: dict, records: list[dict]) -> str:
@@ -280,7 +276,7 @@ def theory_pages(report: pathlib.Path) -> list:
         "",
         _run_line(info, records),
         "",
-        f"{len(records)} claims: {_counts(records)}. The whole measurement of each is in "
+        f"{len(records)} claims: {runner.counts(records)}. The whole measurement of each is in "
         "[claims.json](claims.json).",
         "",
         *_claims_table(records, link=True),
@@ -296,7 +292,7 @@ def theory_pages(report: pathlib.Path) -> list:
         if not ran:
             md += ["No claim of this paper is in the report."]
         else:
-            md += [f"{len(ran)} claims: {_counts(ran)}.", "", *_claims_table(ran, link=False)]
+            md += [f"{len(ran)} claims: {runner.counts(ran)}.", "", *_claims_table(ran, link=False)]
         for r in ran:
             md += [
                 "",

@@ -156,7 +156,8 @@ def _verdict_table(records: Sequence[dict], column: str) -> list[str]:
     return md
 
 
-def _counts(records: Sequence[dict]) -> str:
+def counts(records: Sequence[dict]) -> str:
+    """How many records have each verdict: "holds 3, fails 2"."""
     n = {v: sum(r["verdict"] == v for r in records) for v in registry.VERDICTS}
     return ", ".join(f"{k} {v}" for k, v in n.items() if v)
 
@@ -174,9 +175,9 @@ def write_report(records: Sequence[dict], out_dir: pathlib.Path, *, full: bool) 
     (out_dir / "claims.json").write_text(json.dumps(claims, indent=2) + "\n")
 
     size = "paper size (--full)" if full else "quick size"
-    md = [f"# Claims report ({size})", "", f"{len(records)} claims: {_counts(records)}."]
+    md = [f"# Claims report ({size})", "", f"{len(records)} claims: {counts(records)}."]
     for kind, group in _by_kind(records):
-        md += ["", f"## {kind}: {registry.KINDS[kind]} ({_counts(group)})", ""]
+        md += ["", f"## {kind}: {registry.KINDS[kind]} ({counts(group)})", ""]
         md += _verdict_table(group, "paper")
     for kind, group in _by_kind(records):
         for r in group:
